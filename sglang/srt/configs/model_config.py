@@ -1,0 +1,195 @@
+"""Model configuration parsed from an HF-format `config.json`, independent of transformers.
+
+Accepts both the transformers 5.x layout (`rope_parameters`) and the older one (`rope_scaling` +
+`rope_theta`), so real downloaded checkpoints and our generated replicas load the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+QWEN3_VL_ARCH = "Qwen3VLForConditionalGeneration"
+QWEN2_5_VL_ARCH = "Qwen2_5_VLForConditionalGeneration"
+_MODEL_TYPE_TO_ARCH = {"qwen3_vl": QWEN3_VL_ARCH, "qwen2_5_vl": QWEN2_5_VL_ARCH}
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    patch_size: int
+    temporal_patch_size: int
+    spatial_merge_size: int
+    in_channels: int = 3
+    hidden_act: str = "gelu_pytorch_tanh"
+    rope_theta: float = 10000.0
+    # Qwen3-VL
+    num_position_embeddings: int = 0
+    deepstack_visual_indexes: tuple[int, ...] = ()
+    # Qwen2.5-VL
+    window_size: int = 0
+    fullatt_block_indexes: tuple[int, ...] = ()
+    tokens_per_second: float = 2.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    mrope_section: tuple[int, ...]
+    mrope_interleaved: bool
+    max_position_embeddings: int
+    attention_bias: bool
+    hidden_act: str = "silu"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    architecture: str
+    model_type: str
+    text: TextConfig
+    vision: VisionConfig
+    tie_word_embeddings: bool
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: str = "float32"
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_qwen3_vl(self) -> bool:
+        return self.model_type == "qwen3_vl"
+
+    @property
+    def context_length(self) -> int:
+        return self.text.max_position_embeddings
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        with open(path / "config.json") as f:
+            raw = json.load(f)
+        eos: tuple[int, ...] = ()
+        gen_path = path / "generation_config.json"
+        if gen_path.exists():
+            with open(gen_path) as f:
+                gen_eos = json.load(f).get("eos_token_id")
+            if gen_eos is not None:
+                eos = tuple(gen_eos) if isinstance(gen_eos, list) else (gen_eos,)
+        return cls.from_dict(raw, str(path), eos)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], path: str = "", eos: tuple[int, ...] = ()) -> "ModelConfig":
+        model_type = raw.get("model_type", "")
+        archs = raw.get("architectures") or [_MODEL_TYPE_TO_ARCH.get(model_type, "")]
+        arch = archs[0]
+        if arch not in (QWEN3_VL_ARCH, QWEN2_5_VL_ARCH):
+            raise ValueError(
+                f"unsupported architecture {arch!r} (model_type {model_type!r}); "
+                f"supported: {QWEN3_VL_ARCH}, {QWEN2_5_VL_ARCH}"
+            )
+        model_type = "qwen3_vl" if arch == QWEN3_VL_ARCH else "qwen2_5_vl"
+        text_raw = raw.get("text_config") or raw  # old Qwen2.5-VL configs are flat
+        text = _parse_text(text_raw, model_type)
+        vision = _parse_vision(raw["vision_config"], model_type)
+        if not eos:
+            e = text_raw.get("eos_token_id", raw.get("eos_token_id"))
+            eos = tuple(e) if isinstance(e, list) else ((e,) if e is not None else ())
+        tie = raw.get("tie_word_embeddings", text_raw.get("tie_word_embeddings", False))
+        dtype = raw.get("dtype") or raw.get("torch_dtype") or text_raw.get("dtype") or "float32"
+        return cls(
+            path=path,
+            architecture=arch,
+            model_type=model_type,
+            text=text,
+            vision=vision,
+            tie_word_embeddings=bool(tie),
+            image_token_id=raw.get("image_token_id", 151655),
+            video_token_id=raw.get("video_token_id", 151656),
+            vision_start_token_id=raw.get("vision_start_token_id", 151652),
+            vision_end_token_id=raw.get("vision_end_token_id", 151653),
+            eos_token_ids=eos,
+            torch_dtype=str(dtype),
+            raw=raw,
+        )
+
+
+def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    params = dict(cfg.get("rope_parameters") or {})
+    legacy = cfg.get("rope_scaling") or {}
+    for k, v in legacy.items():
+        params.setdefault(k, v)
+    params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    return params
+
+
+def _parse_text(cfg: dict[str, Any], model_type: str) -> TextConfig:
+    rope = _rope_params(cfg)
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    section = tuple(rope.get("mrope_section") or ())
+    if not section:
+        raise ValueError("text config has no mrope_section: not a Qwen-VL M-RoPE model")
+    if sum(section) != head_dim // 2:
+        raise ValueError(f"mrope_section {section} must sum to head_dim // 2 = {head_dim // 2}")
+    return TextConfig(
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads", heads),
+        head_dim=head_dim,
+        vocab_size=cfg["vocab_size"],
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope["rope_theta"]),
+        mrope_section=section,
+        mrope_interleaved=bool(rope.get("mrope_interleaved", model_type == "qwen3_vl")),
+        max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+        # Qwen2-style text models always carry q/k/v biases; Qwen3 ones carry none.
+        attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2_5_vl")),
+        hidden_act=cfg.get("hidden_act", "silu"),
+    )
+
+
+def _parse_vision(cfg: dict[str, Any], model_type: str) -> VisionConfig:
+    rope = _rope_params(cfg)
+    hidden = cfg.get("hidden_size") or cfg.get("embed_dim")
+    default_act = "gelu_pytorch_tanh" if model_type == "qwen3_vl" else "silu"
+    return VisionConfig(
+        depth=cfg["depth"],
+        hidden_size=hidden,
+        intermediate_size=cfg["intermediate_size"],
+        num_heads=cfg["num_heads"],
+        out_hidden_size=cfg.get("out_hidden_size") or cfg["hidden_size"],
+        patch_size=cfg.get("patch_size", 16 if model_type == "qwen3_vl" else 14),
+        temporal_patch_size=cfg.get("temporal_patch_size", 2),
+        spatial_merge_size=cfg.get("spatial_merge_size", 2),
+        in_channels=cfg.get("in_channels", cfg.get("in_chans", 3)),
+        hidden_act=cfg.get("hidden_act", default_act),
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        num_position_embeddings=cfg.get("num_position_embeddings", 0),
+        deepstack_visual_indexes=tuple(cfg.get("deepstack_visual_indexes") or ()),
+        window_size=cfg.get("window_size", 0),
+        fullatt_block_indexes=tuple(cfg.get("fullatt_block_indexes") or ()),
+        tokens_per_second=float(cfg.get("tokens_per_second", 2.0)),
+    )

@@ -1,0 +1,72 @@
+"""The one place that reads `os.environ`: a typed registry of every SGLANG_* switch.
+
+Each switch is declared once with its type, default and meaning; code reads `envs.NAME.get()`.
+`python -m sglang.srt.environ` lists them with their current values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def _parse_bool(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0/true/false), got {raw!r}")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as e:
+            raise ValueError(f"invalid value for {self.name}: {e}") from None
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+
+class _Registry:
+    def __init__(self):
+        self._vars: dict[str, EnvVar[Any]] = {}
+
+    def add(self, name: str, default: T, parse: Callable[[str], T], doc: str) -> EnvVar[T]:
+        if name in self._vars:
+            raise ValueError(f"{name} declared twice")
+        var = EnvVar(name, default, parse, doc)
+        self._vars[name] = var
+        setattr(self, name, var)
+        return var
+
+    def all(self) -> list[EnvVar[Any]]:
+        return list(self._vars.values())
+
+
+envs = _Registry()
+envs.add("SGLANG_MODEL_CACHE", "", str, "Directory for generated embedded models (default ~/.cache/sglang/models).")
+envs.add("SGLANG_TEST_DEVICE", "cpu", str, "Device the test suite runs models on (cpu or cuda).")
+
+
+def main() -> None:
+    for var in envs.all():
+        print(f"{var.name}={var.get()!r}  (default {var.default!r})  {var.doc}")
+
+
+if __name__ == "__main__":
+    main()

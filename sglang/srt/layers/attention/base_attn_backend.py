@@ -1,0 +1,40 @@
+"""Interface every attention backend implements; models only ever call `forward`."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class AttentionBackend(ABC):
+    def init_forward_metadata(self, forward_batch) -> None:
+        """Precompute per-batch indices once, before the layers run."""
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        if forward_batch.forward_mode.is_decode():
+            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    @abstractmethod
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor: ...
+
+
+_BACKENDS: dict[str, type[AttentionBackend]] = {}
+
+
+def register_attention_backend(name: str):
+    def deco(cls):
+        _BACKENDS[name] = cls
+        return cls
+
+    return deco
+
+
+def create_attention_backend(name: str, **kwargs) -> AttentionBackend:
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; available: {sorted(_BACKENDS)}")
+    return _BACKENDS[name](**kwargs)

@@ -1,0 +1,43 @@
+"""Bidirectional ViT attention over packed images (cu_seqlens delimit each attention segment)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.rotary_embedding import apply_rotary_vision
+
+
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float):
+    """q/k/v: (N, H, D); attention within each [cu_seqlens[i], cu_seqlens[i+1]) segment only."""
+    out = torch.empty_like(q)
+    for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        if e > s:
+            seg = F.scaled_dot_product_attention(
+                q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), scale=scale
+            )
+            out[s:e] = seg.transpose(0, 1)
+    return out
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int, tp: TPInfo = SINGLE_RANK, dtype=None):
+        super().__init__()
+        self.head_dim = hidden_size // num_heads
+        self.qkv = QKVParallelLinear(hidden_size, self.head_dim, num_heads, num_heads, bias=True, tp=tp, dtype=dtype)
+        self.proj = RowParallelLinear(hidden_size, hidden_size, bias=True, tp=tp, dtype=dtype)
+        self.num_local_heads = self.qkv.num_heads
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor, cu_seqlens: list[int], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv.split_qkv(self.qkv(x))
+        q = q.view(n, self.num_local_heads, self.head_dim)
+        k = k.view(n, self.num_local_heads, self.head_dim)
+        v = v.view(n, self.num_local_heads, self.head_dim)
+        q, k = apply_rotary_vision(q, k, cos, sin)
+        out = packed_attention(q, k, v, cu_seqlens, self.scale)
+        return self.proj(out.reshape(n, -1))

@@ -1,0 +1,159 @@
+"""Linear layers that know their tensor-parallel shard and load full checkpoint tensors into it.
+
+Every layer exposes `weight_loader(param, loaded_weight, shard_id=None)`: the loader hands over the
+checkpoint tensor as stored on disk and the layer takes the slice that belongs to its rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.distributed.communication_op import (
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, divide
+
+
+def _copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(f"{what}: checkpoint shard shape {tuple(src.shape)} != parameter {tuple(dst.shape)}")
+    dst.data.copy_(src)
+
+
+class LinearBase(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype | None):
+        super().__init__()
+        dtype = dtype or torch.get_default_dtype()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        _copy_checked(param, loaded, type(self).__name__)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, in_features, out_features, bias=True, dtype=None):
+        super().__init__(in_features, out_features, bias, dtype)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks."""
+
+    def __init__(self, in_features, out_features, bias=True, gather_output=False, tp: TPInfo = SINGLE_RANK, dtype=None):
+        self.tp = tp
+        self.gather_output = gather_output
+        super().__init__(in_features, divide(out_features, tp.size), bias, dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        size = param.shape[0]
+        _copy_checked(param, loaded.narrow(0, self.tp.rank * size, size), type(self).__name__)
+
+    def forward(self, x):
+        y = F.linear(x, self.weight, self.bias)
+        return tensor_model_parallel_all_gather(y, self.tp) if self.gather_output else y
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs fused in one matrix (e.g. gate_proj + up_proj).
+
+    Each rank holds [its slice of output 0 | its slice of output 1 | ...]."""
+
+    def __init__(self, in_features, output_sizes: list[int], bias=True, tp: TPInfo = SINGLE_RANK, dtype=None):
+        self.output_sizes = list(output_sizes)
+        super().__init__(in_features, sum(output_sizes), bias, False, tp, dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:
+            for i, chunk in enumerate(loaded.split(self.output_sizes, dim=0)):
+                self.weight_loader(param, chunk, i)
+            return
+        local = [divide(s, self.tp.size) for s in self.output_sizes]
+        offset = sum(local[:shard_id])
+        size = local[shard_id]
+        src = loaded.narrow(0, self.tp.rank * size, size)
+        _copy_checked(param.data.narrow(0, offset, size), src, f"MergedColumnParallelLinear[{shard_id}]")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection split by heads; kv heads are replicated when there are fewer than ranks."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = True,
+        tp: TPInfo = SINGLE_RANK,
+        dtype=None,
+    ):
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        self.head_dim = head_dim
+        self.total_num_heads = total_num_heads
+        self.total_num_kv_heads = total_num_kv_heads
+        self.num_heads = divide(total_num_heads, tp.size)
+        if tp.size >= total_num_kv_heads:
+            self.num_kv_heads = 1
+            self.kv_replicas = divide(tp.size, total_num_kv_heads)
+        else:
+            self.num_kv_heads = divide(total_num_kv_heads, tp.size)
+            self.kv_replicas = 1
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp.size
+        super().__init__(hidden_size, out, bias, False, tp, dtype)
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:  # fused checkpoint tensor laid out as [q | k | v]
+            kv = self.total_num_kv_heads * self.head_dim
+            q, k, v = loaded.split([self.total_num_heads * self.head_dim, kv, kv], dim=0)
+            for sid, part in (("q", q), ("k", k), ("v", v)):
+                self.weight_loader(param, part, sid)
+            return
+        if shard_id == "q":
+            offset, size, rank = 0, self.q_size, self.tp.rank
+        else:
+            offset = self.q_size + (0 if shard_id == "k" else self.kv_size)
+            size, rank = self.kv_size, self.tp.rank // self.kv_replicas
+        src = loaded.narrow(0, rank * size, size)
+        _copy_checked(param.data.narrow(0, offset, size), src, f"QKVParallelLinear[{shard_id}]")
+
+    def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial products are summed with an all-reduce."""
+
+    def __init__(self, in_features, out_features, bias=True, reduce_results=True, tp: TPInfo = SINGLE_RANK, dtype=None):
+        self.tp = tp
+        self.reduce_results = reduce_results
+        super().__init__(divide(in_features, tp.size), out_features, bias, dtype)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if param.dim() == 1:  # bias is added once, after the reduction
+            _copy_checked(param, loaded, "RowParallelLinear.bias")
+            return
+        size = param.shape[1]
+        _copy_checked(param, loaded.narrow(1, self.tp.rank * size, size), "RowParallelLinear")
+
+    def forward(self, x):
+        y = F.linear(x, self.weight)
+        if self.reduce_results:
+            y = tensor_model_parallel_all_reduce(y, self.tp)
+        elif self.tp.rank != 0:
+            return y  # NOTE: the caller reduces later; the bias must enter the sum exactly once
+        return y + self.bias if self.bias is not None else y

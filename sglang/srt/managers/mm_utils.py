@@ -1,0 +1,68 @@
+"""Multimodal embedding merge: text embeddings with image embeddings scattered in at image positions.
+
+Image positions are found from each item's `offsets`, never from token values: the scheduler
+replaces image tokens with hash-derived pad values (for prefix caching) that may collide with
+real vocabulary ids.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def _chunk_image_rows(mm_inputs, chunk_start: int, chunk_end: int):
+    """For one request's chunk [chunk_start, chunk_end): (item index, first row, last row, first
+    position in the chunk) for every item whose token range overlaps the chunk."""
+    spans = []
+    for idx, item in enumerate(mm_inputs.mm_items):
+        row_base = 0
+        for s, e in item.offsets:
+            lo, hi = max(s, chunk_start), min(e, chunk_end)
+            if lo < hi:
+                spans.append((idx, row_base + lo - s, row_base + hi - s, lo - chunk_start))
+            row_base += e - s
+    return spans
+
+
+def general_mm_embed_routine(
+    input_ids: torch.Tensor,
+    forward_batch,
+    embed_tokens: Callable[[torch.Tensor], torch.Tensor],
+    encode_images: Callable[[list], list[torch.Tensor]],
+    hidden_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Returns (input embeddings (T, hidden), deepstack embeddings (T, hidden * k) or None).
+
+    Baseline behaviour: a chunk that touches any image of a request encodes all of that request's
+    images (in one ViT call) and takes the rows it needs.
+    """
+    positions: list[torch.Tensor] = []
+    rows: list[torch.Tensor] = []
+    if forward_batch.forward_mode.is_extend() and any(m is not None for m in forward_batch.mm_inputs):
+        starts = forward_batch.extend_start_locs()
+        for i, mm in enumerate(forward_batch.mm_inputs):
+            if mm is None or not mm.mm_items:
+                continue
+            prefix, n = forward_batch.extend_prefix_lens_cpu[i], forward_batch.extend_seq_lens_cpu[i]
+            spans = _chunk_image_rows(mm, prefix, prefix + n)
+            if not spans:
+                continue
+            embeds = encode_images(mm.mm_items)
+            for idx, r0, r1, p0 in spans:
+                rows.append(embeds[idx][r0:r1])
+                positions.append(torch.arange(starts[i] + p0, starts[i] + p0 + (r1 - r0)))
+    if not rows:
+        return embed_tokens(input_ids), None
+    pos = torch.cat(positions).to(input_ids.device)
+    mm_rows = torch.cat(rows, dim=0)
+    safe_ids = input_ids.clone()
+    safe_ids[pos] = 0
+    embeds = embed_tokens(safe_ids)
+    embeds[pos] = mm_rows[:, :hidden_size].to(embeds.dtype)
+    deepstack = None
+    if mm_rows.shape[1] > hidden_size:
+        deepstack = torch.zeros(input_ids.shape[0], mm_rows.shape[1] - hidden_size, dtype=embeds.dtype, device=embeds.device)
+        deepstack[pos] = mm_rows[:, hidden_size:].to(embeds.dtype)
+    return embeds, deepstack

@@ -1,0 +1,53 @@
+"""Memory pools: request -> token-slot table, and the per-layer KV buffers indexed by token slot."""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """Row r maps the token positions of the request in slot r to KV-pool slots."""
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
+        self._free = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, index: int) -> None:
+        if index in self._free:
+            raise RuntimeError(f"request slot {index} freed twice")
+        self._free.append(index)
+
+
+class MHATokenToKVPool:
+    """K and V buffers of shape (size + 1, kv_heads, head_dim) per layer; slot 0 is a padding sink."""
+
+    def __init__(self, size: int, head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype, device="cpu"):
+        self.size = size
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.dtype = dtype
+        shape = (size + 1, head_num, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffer[layer_id]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffer[layer_id]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_buffer[layer_id][loc] = k.to(self.dtype)
+        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+
+    def bytes_per_token(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * len(self.k_buffer) * self.head_num * self.head_dim * elem

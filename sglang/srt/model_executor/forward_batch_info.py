@@ -1,0 +1,60 @@
+"""What one model forward needs to know about its batch: flattened tokens, positions, KV locations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, auto
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.multimodal.mm_types import MultimodalInputs
+
+
+class ForwardMode(IntEnum):
+    EXTEND = auto()  # prefill, or a chunk of it, on top of an optional cached prefix
+    DECODE = auto()  # one new token per request
+
+    def is_extend(self) -> bool:
+        return self == ForwardMode.EXTEND
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    input_ids: torch.Tensor  # (T,) flattened over requests; image tokens may hold pad values
+    positions: torch.Tensor  # (3, T) M-RoPE positions, or (T,) for text-only models
+    req_pool_indices: torch.Tensor  # (B,)
+    seq_lens: torch.Tensor  # (B,) total tokens per request after this step
+    out_cache_loc: torch.Tensor  # (T,) KV slots the new tokens are written to
+    seq_lens_cpu: list[int]
+    extend_seq_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
+    extend_prefix_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
+    mm_inputs: list["MultimodalInputs | None"] = field(default_factory=list)
+    req_to_token_pool: Any = None
+    token_to_kv_pool: Any = None
+    attn_backend: Any = None
+    return_all_logits: bool = False
+    # Filled by the multimodal embedding routine for models with deepstack (Qwen3-VL).
+    deepstack_embeds: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    def last_token_indices(self) -> torch.Tensor:
+        if self.forward_mode.is_decode():
+            return torch.arange(self.batch_size, device=self.input_ids.device)
+        lens = torch.tensor(self.extend_seq_lens_cpu, device=self.input_ids.device)
+        return torch.cumsum(lens, 0) - 1
+
+    def extend_start_locs(self) -> list[int]:
+        starts, acc = [], 0
+        for n in self.extend_seq_lens_cpu:
+            starts.append(acc)
+            acc += n
+        return starts

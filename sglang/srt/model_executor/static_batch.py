@@ -1,0 +1,141 @@
+"""A fixed batch run to completion without a scheduler: prefill (optionally chunked) then greedy or
+sampled decode. Used by `sglang.bench_one_batch` and by the model parity tests; the serving
+scheduler builds the same ForwardBatch objects from its running queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+
+@dataclass
+class StaticSeq:
+    input_ids: list[int]
+    mm_inputs: object | None = None  # MultimodalInputs
+    req_pool_idx: int = -1
+    kv_len: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    slots: list[torch.Tensor] = field(default_factory=list)
+
+    def positions(self, start: int, end: int) -> torch.Tensor:
+        """(3, end-start) M-RoPE positions of tokens [start, end); past the prompt, text positions
+        continue from the last prompt position via the request's delta."""
+        mm = self.mm_inputs
+        prompt_len = len(self.input_ids)
+        delta = 0 if mm is None else int(mm.mrope_position_delta)
+        out = torch.arange(start, end, dtype=torch.int64).unsqueeze(0).repeat(3, 1) + delta
+        if mm is not None and start < prompt_len:
+            stop = min(end, prompt_len)
+            out[:, : stop - start] = mm.mrope_positions[:, start:stop]
+        return out
+
+
+class StaticBatchRunner:
+    def __init__(self, model_runner):
+        self.runner = model_runner
+
+    def _admit(self, seqs: list[StaticSeq]) -> None:
+        for s in seqs:
+            if s.req_pool_idx < 0:
+                idx = self.runner.req_to_token_pool.alloc()
+                if idx is None:
+                    raise RuntimeError("no free request slot")
+                s.req_pool_idx = idx
+
+    def _alloc(self, s: StaticSeq, n: int) -> torch.Tensor:
+        loc = self.runner.allocator.alloc(n)
+        if loc is None:
+            raise RuntimeError(f"KV pool exhausted: need {n} slots, {self.runner.allocator.available_size()} free")
+        self.runner.req_to_token_pool.req_to_token[s.req_pool_idx, s.kv_len : s.kv_len + n] = loc
+        s.slots.append(loc)
+        return loc
+
+    def extend(self, seqs: list[StaticSeq], chunk_size: int | None = None, return_all_logits: bool = False):
+        """Prefills every sequence's prompt. Returns (next-token logits (B, V), per-sequence logits
+        of all prompt positions when `return_all_logits`)."""
+        self._admit(seqs)
+        full: list[list[torch.Tensor]] = [[] for _ in seqs]
+        last: list[torch.Tensor | None] = [None] * len(seqs)
+        while True:
+            active = [(i, s) for i, s in enumerate(seqs) if s.kv_len < len(s.input_ids)]
+            if not active:
+                break
+            ids, pos, locs, ext, pre, seq_lens = [], [], [], [], [], []
+            for _, s in active:
+                n = len(s.input_ids) - s.kv_len
+                n = min(n, chunk_size) if chunk_size else n
+                locs.append(self._alloc(s, n))
+                ids.extend(s.input_ids[s.kv_len : s.kv_len + n])
+                pos.append(s.positions(s.kv_len, s.kv_len + n))
+                ext.append(n)
+                pre.append(s.kv_len)
+                seq_lens.append(s.kv_len + n)
+            fb = self._batch(ForwardMode.EXTEND, [s for _, s in active], ids, pos, locs, seq_lens, ext, pre)
+            fb.return_all_logits = return_all_logits
+            out = self.runner.forward(fb)
+            start = 0
+            for j, (i, s) in enumerate(active):
+                s.kv_len += ext[j]
+                last[i] = out.next_token_logits[j]
+                if return_all_logits:
+                    full[i].append(out.full_logits[start : start + ext[j]])
+                start += ext[j]
+        logits = torch.stack(last)
+        return logits, ([torch.cat(f) for f in full] if return_all_logits else None)
+
+    def decode(self, seqs: list[StaticSeq], tokens: list[int]) -> torch.Tensor:
+        ids, pos, locs, seq_lens = [], [], [], []
+        for s, t in zip(seqs, tokens):
+            locs.append(self._alloc(s, 1))
+            ids.append(t)
+            pos.append(s.positions(s.kv_len, s.kv_len + 1))
+            seq_lens.append(s.kv_len + 1)
+        fb = self._batch(ForwardMode.DECODE, seqs, ids, pos, locs, seq_lens)
+        out = self.runner.forward(fb)
+        for s in seqs:
+            s.kv_len += 1
+        return out.next_token_logits
+
+    def generate_greedy(self, seqs: list[StaticSeq], max_new_tokens: int, chunk_size: int | None = None,
+                        stop_ids: tuple[int, ...] = ()) -> list[list[int]]:
+        logits, _ = self.extend(seqs, chunk_size)
+        live = list(range(len(seqs)))
+        for step in range(max_new_tokens):
+            nxt = logits.argmax(-1).tolist()
+            still = []
+            for j, i in enumerate(live):
+                seqs[i].output_ids.append(nxt[j])
+                if nxt[j] not in stop_ids:
+                    still.append((i, nxt[j]))
+            live = [i for i, _ in still]
+            if not live or step == max_new_tokens - 1:
+                break
+            logits = self.decode([seqs[i] for i in live], [t for _, t in still])
+        return [s.output_ids for s in seqs]
+
+    def release(self, seqs: list[StaticSeq]) -> None:
+        for s in seqs:
+            for loc in s.slots:
+                self.runner.allocator.free(loc)
+            s.slots.clear()
+            if s.req_pool_idx >= 0:
+                self.runner.req_to_token_pool.free(s.req_pool_idx)
+                s.req_pool_idx = -1
+
+    def _batch(self, mode, seqs, ids, pos, locs, seq_lens, ext=None, pre=None) -> ForwardBatch:
+        device = self.runner.device
+        return ForwardBatch(
+            forward_mode=mode,
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            positions=torch.cat(pos, dim=1).to(device),
+            req_pool_indices=torch.tensor([s.req_pool_idx for s in seqs], device=device),
+            seq_lens=torch.tensor(seq_lens, device=device),
+            out_cache_loc=torch.cat(locs).to(device),
+            seq_lens_cpu=seq_lens,
+            extend_seq_lens_cpu=ext or [],
+            extend_prefix_lens_cpu=pre or [],
+            mm_inputs=[s.mm_inputs for s in seqs] if mode.is_extend() else [],
+        )

@@ -1,0 +1,87 @@
+"""Builds a model from an HF-format directory: config -> module -> weights (name mapping, fused
+parameters, TP slicing through each parameter's `weight_loader`, tied embeddings, dtype)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.model_loader.weight_utils import iterate_weights
+from sglang.srt.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        dtype = config.torch_dtype.replace("torch.", "")
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of auto, {', '.join(_DTYPES)}") from None
+
+
+def load_weights(model: nn.Module, weights) -> set[str]:
+    """Loads (checkpoint name, tensor) pairs into `model`; returns the parameter names filled.
+
+    Raises on a checkpoint tensor with no home and on parameters the checkpoint never filled:
+    a silently random weight is the worst failure a loader can have."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for ckpt_name, tensor in weights:
+        if model.skip_checkpoint_name(ckpt_name):
+            continue
+        name = model.map_checkpoint_name(ckpt_name)
+        shard_id = None
+        for fused, part, sid in model.stacked_params_mapping:
+            if part in name:
+                name, shard_id = name.replace(part, fused), sid
+                break
+        param = params.get(name)
+        if param is None:
+            raise KeyError(f"checkpoint tensor {ckpt_name!r} (mapped to {name!r}) matches no model parameter")
+        loader = getattr(param, "weight_loader", None)
+        with torch.no_grad():
+            if loader is not None:
+                loader(param, tensor.to(param.dtype), shard_id)
+            else:
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{ckpt_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                param.data.copy_(tensor)
+        loaded.add(name)
+    missing = set(params) - loaded
+    if model.config.tie_word_embeddings:
+        missing.discard("lm_head.weight")
+    if missing:
+        raise KeyError(f"parameters not found in checkpoint: {sorted(missing)[:10]}{' ...' if len(missing) > 10 else ''}")
+    return loaded
+
+
+def get_model(
+    model_path: str,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    tp: TPInfo = SINGLE_RANK,
+) -> nn.Module:
+    config = ModelConfig.from_pretrained(model_path)
+    torch_dtype = resolve_dtype(dtype, config)
+    cls = get_model_class(config.architecture)
+    with torch.device(device):
+        model = cls(config, tp=tp, dtype=torch_dtype)
+    load_weights(model, iterate_weights(model_path))
+    logger.info("loaded %s from %s (%s, tp %d/%d)", config.architecture, model_path, torch_dtype, tp.rank, tp.size)
+    return model.eval()

@@ -1,0 +1,21 @@
+"""Architecture name -> model class, imported lazily so only the scheduler side loads nn code."""
+
+from __future__ import annotations
+
+import importlib
+
+_MODELS = {
+    "Qwen3VLForConditionalGeneration": "sglang.srt.models.qwen3_vl",
+    "Qwen2_5_VLForConditionalGeneration": "sglang.srt.models.qwen2_5_vl",
+}
+
+
+def get_model_class(architecture: str):
+    module = _MODELS.get(architecture)
+    if module is None:
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: {sorted(_MODELS)}")
+    return importlib.import_module(module).EntryClass
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)

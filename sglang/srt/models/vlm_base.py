@@ -1,0 +1,61 @@
+"""What Qwen3-VL and Qwen2.5-VL share: LM head (tied or not), per-image ViT calls, weight-name rules."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
+
+class QwenVLForConditionalGenerationBase(nn.Module):
+    # checkpoint name fragment -> (our fused parameter fragment, shard id)
+    stacked_params_mapping = [
+        (".qkv_proj.", ".q_proj.", "q"),
+        (".qkv_proj.", ".k_proj.", "k"),
+        (".qkv_proj.", ".v_proj.", "v"),
+        (".gate_up_proj.", ".gate_proj.", 0),
+        (".gate_up_proj.", ".up_proj.", 1),
+    ]
+
+    def __init__(self, config: ModelConfig, tp: TPInfo = SINGLE_RANK, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.config = config
+        self.tp = tp
+        self.dtype_ = dtype or torch.get_default_dtype()
+
+    def init_lm_head(self) -> None:
+        text = self.config.text
+        if self.config.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(text.vocab_size, text.hidden_size, self.tp, self.dtype_)
+        self.logits_processor = LogitsProcessor(text.vocab_size, self.tp)
+
+    @staticmethod
+    def map_checkpoint_name(name: str) -> str:
+        """Hub layouts differ by generation: `model.visual.*` / `model.language_model.*` (Qwen3-VL and
+        transformers 5 saves) and `visual.*` / `model.*` (original Qwen2.5-VL). Ours: `visual.*`, `model.*`."""
+        if name.startswith("model.visual."):
+            return name[len("model.") :]
+        if name.startswith("model.language_model."):
+            return "model." + name[len("model.language_model.") :]
+        return name
+
+    def skip_checkpoint_name(self, name: str) -> bool:
+        return self.config.tie_word_embeddings and name.startswith("lm_head.")
+
+    def get_image_feature(self, items: list) -> list[torch.Tensor]:
+        """Runs the vision tower once over the given images (packed) and returns one embedding matrix
+        per image, (tokens, out_hidden * (1 + num_deepstack))."""
+        if not items:
+            return []
+        device = next(self.visual.parameters()).device
+        pixels = torch.cat([torch.as_tensor(it.feature).to(device) for it in items], dim=0)
+        grids = [tuple(int(v) for v in it.image_grid_thw) for it in items]
+        out = self.visual(pixels, grids)
+        merge2 = self.config.vision.spatial_merge_size**2
+        return list(out.split([t * h * w // merge2 for t, h, w in grids], dim=0))

@@ -1,0 +1,106 @@
+"""Plain data types describing the multimodal part of a request.
+
+These objects are produced in the tokenizer process and shipped to the
+scheduler / model workers (pickled), so they hold only plain Python values,
+numpy arrays and torch tensors -- never modules or model code.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+# Default Qwen-VL special token ids (Qwen2.5-VL and Qwen3-VL share them).
+QWEN_VISION_START_TOKEN_ID = 151652
+QWEN_VISION_END_TOKEN_ID = 151653
+QWEN_IMAGE_TOKEN_ID = 151655
+QWEN_VIDEO_TOKEN_ID = 151656
+
+
+class Modality(enum.Enum):
+    IMAGE = "image"
+    VIDEO = "video"
+
+
+@dataclass
+class MultimodalDataItem:
+    """One image (or video) of a request.
+
+    Attributes:
+        modality: IMAGE or VIDEO.
+        feature: ``pixel_values`` for this item, shape
+            ``(num_patches, C * temporal_patch_size * patch_size * patch_size)``,
+            float32 (a torch tensor or numpy array).
+        image_grid_thw: ``(t, h, w)`` of the item in patches (before the spatial merge).
+        offsets: half-open ``(start, end)`` token ranges in the request's input ids
+            covered by this item's placeholder (``<|image_pad|>``) tokens.
+        hash: content hash, filled later by the hashing code.
+        pad_value: the pad value substituted into input ids for prefix caching,
+            filled later by the hashing code.
+        spatial_merge_size: the vision tower's spatial merge size (tokens = patches / merge^2).
+        model_specific_data: free-form extra per-item data for a model.
+    """
+
+    modality: Modality
+    feature: Any = None
+    image_grid_thw: tuple[int, int, int] = (0, 0, 0)
+    offsets: list[tuple[int, int]] = field(default_factory=list)
+    hash: int | None = None
+    pad_value: int | None = None
+    spatial_merge_size: int = 2
+    model_specific_data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        return self.image_grid_thw
+
+    @property
+    def num_patches(self) -> int:
+        t, h, w = self.image_grid_thw
+        return int(t) * int(h) * int(w)
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of LLM tokens (placeholder tokens) this item expands to."""
+        return self.num_patches // (self.spatial_merge_size**2)
+
+    def is_image(self) -> bool:
+        return self.modality == Modality.IMAGE
+
+    def is_video(self) -> bool:
+        return self.modality == Modality.VIDEO
+
+
+@dataclass
+class MultimodalInputs:
+    """All multimodal data of one request.
+
+    ``mrope_positions`` is the ``(3, seq_len)`` int64 M-RoPE position tensor of the
+    prompt. ``mrope_position_delta`` follows transformers' ``rope_deltas``:
+    ``max(mrope_positions) + 1 - seq_len``, so the token at absolute index ``i``
+    (``i >= seq_len``, i.e. any decoded token) has position ``i + delta`` in all
+    three rows.
+    """
+
+    mm_items: list[MultimodalDataItem] = field(default_factory=list)
+    mrope_positions: Any = None
+    mrope_position_delta: int = 0
+    im_token_id: int = QWEN_IMAGE_TOKEN_ID
+    im_start_id: int = QWEN_VISION_START_TOKEN_ID
+    im_end_id: int = QWEN_VISION_END_TOKEN_ID
+    video_token_id: int = QWEN_VIDEO_TOKEN_ID
+
+    @property
+    def image_items(self) -> list[MultimodalDataItem]:
+        return [it for it in self.mm_items if it.modality == Modality.IMAGE]
+
+    @property
+    def video_items(self) -> list[MultimodalDataItem]:
+        return [it for it in self.mm_items if it.modality == Modality.VIDEO]
+
+    def contains_image_inputs(self) -> bool:
+        return any(it.modality == Modality.IMAGE for it in self.mm_items)
+
+    def contains_video_inputs(self) -> bool:
+        return any(it.modality == Modality.VIDEO for it in self.mm_items)

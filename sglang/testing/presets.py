@@ -1,0 +1,484 @@
+"""Model presets for the deterministic random-weight model generator.
+
+Two families are covered, with the Hugging Face layout that transformers 5.x writes:
+
+* ``qwen3_vl``  (``Qwen3VLForConditionalGeneration``)
+* ``qwen2_5_vl`` (``Qwen2_5_VLForConditionalGeneration``)
+
+Tiny presets (``qwen3-vl-tiny``, ``qwen2.5-vl-tiny``) are for fast CPU tests; the others are
+shape-true replicas of the public checkpoints (random values, real shapes and configs).
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+QWEN3_VL = "qwen3_vl"
+QWEN2_5_VL = "qwen2_5_vl"
+
+IMAGE_TOKEN_ID = 151655
+VIDEO_TOKEN_ID = 151656
+VISION_START_TOKEN_ID = 151652
+VISION_END_TOKEN_ID = 151653
+BOS_TOKEN_ID = 151643  # <|endoftext|>
+IM_END_TOKEN_ID = 151645
+PAD_TOKEN_ID = 151643
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+_ARCH = {QWEN3_VL: "Qwen3VLForConditionalGeneration", QWEN2_5_VL: "Qwen2_5_VLForConditionalGeneration"}
+_PROCESSOR_CLASS = {QWEN3_VL: "Qwen3VLProcessor", QWEN2_5_VL: "Qwen2_5_VLProcessor"}
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class VisionPreset:
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    hidden_act: str
+    patch_size: int
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+    # Qwen3-VL only
+    num_position_embeddings: int | None = None
+    deepstack_visual_indexes: tuple[int, ...] = ()
+    # Qwen2.5-VL only
+    window_size: int | None = None
+    fullatt_block_indexes: tuple[int, ...] = ()
+    tokens_per_second: int | None = None
+
+
+@dataclass(frozen=True)
+class TextPreset:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rope_theta: float
+    mrope_section: tuple[int, ...]
+    mrope_interleaved: bool
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+
+
+@dataclass(frozen=True)
+class InitScheme:
+    """How random values are drawn (all normal, per tensor)."""
+
+    weight_std: float = 0.02  # linear / conv weights
+    embed_std: float = 0.02  # token embedding, lm_head, vision pos_embed
+    bias_std: float = 0.02
+    norm_noise_std: float = 0.02  # norm weights are 1 + N(0, norm_noise_std)
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    family: str  # QWEN3_VL or QWEN2_5_VL
+    vision: VisionPreset
+    text: TextPreset
+    tie_word_embeddings: bool
+    default_dtype: str
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    min_pixels: int
+    max_pixels: int
+    init: InitScheme = field(default_factory=InitScheme)
+    tiny: bool = False
+
+    @property
+    def model_type(self) -> str:
+        return self.family
+
+    @property
+    def architecture(self) -> str:
+        return _ARCH[self.family]
+
+    @property
+    def is_qwen3(self) -> bool:
+        return self.family == QWEN3_VL
+
+
+def _qwen3_vision(depth, hidden, inter, out_hidden, deepstack, num_pos=2304) -> VisionPreset:
+    return VisionPreset(
+        depth=depth,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_heads=16,
+        out_hidden_size=out_hidden,
+        hidden_act="gelu_pytorch_tanh",
+        patch_size=16,
+        num_position_embeddings=num_pos,
+        deepstack_visual_indexes=tuple(deepstack),
+    )
+
+
+def _qwen3_text(hidden, inter, layers, heads, kv_heads) -> TextPreset:
+    return TextPreset(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=128,
+        vocab_size=151936,
+        rope_theta=5_000_000.0,
+        mrope_section=(24, 20, 20),
+        mrope_interleaved=True,
+        max_position_embeddings=262144,
+    )
+
+
+def _qwen25_vision(out_hidden) -> VisionPreset:
+    return VisionPreset(
+        depth=32,
+        hidden_size=1280,
+        intermediate_size=3420,
+        num_heads=16,
+        out_hidden_size=out_hidden,
+        hidden_act="silu",
+        patch_size=14,
+        window_size=112,
+        fullatt_block_indexes=(7, 15, 23, 31),
+        tokens_per_second=2,
+    )
+
+
+def _qwen25_text(hidden, inter, layers, heads, kv_heads, vocab) -> TextPreset:
+    return TextPreset(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        vocab_size=vocab,
+        rope_theta=1_000_000.0,
+        mrope_section=(16, 24, 24),
+        mrope_interleaved=False,
+        max_position_embeddings=128000,
+    )
+
+
+_QWEN3_PIXELS = dict(image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5), min_pixels=65536, max_pixels=16777216)
+_QWEN25_PIXELS = dict(image_mean=CLIP_MEAN, image_std=CLIP_STD, min_pixels=3136, max_pixels=12845056)
+
+# Tiny models: larger init so the 64-wide model has non-degenerate, prompt-dependent logits.
+_TINY_INIT = InitScheme(weight_std=0.3, embed_std=0.5, bias_std=0.05, norm_noise_std=0.1)
+
+PRESETS: dict[str, ModelPreset] = {}
+
+
+def _register(p: ModelPreset) -> ModelPreset:
+    PRESETS[p.name] = p
+    return p
+
+
+_register(
+    ModelPreset(
+        name="qwen3-vl-tiny",
+        family=QWEN3_VL,
+        vision=VisionPreset(
+            depth=3,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            hidden_act="gelu_pytorch_tanh",
+            patch_size=16,
+            num_position_embeddings=64,  # 8x8 learned grid
+            deepstack_visual_indexes=(0, 1),
+        ),
+        text=TextPreset(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=151936,
+            rope_theta=5_000_000.0,
+            mrope_section=(4, 2, 2),
+            mrope_interleaved=True,
+            max_position_embeddings=4096,
+        ),
+        tie_word_embeddings=True,
+        default_dtype="float32",
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+        min_pixels=4 * 32 * 32,  # a 64x64 image fits
+        max_pixels=512 * 512,
+        init=_TINY_INIT,
+        tiny=True,
+    )
+)
+
+_register(
+    ModelPreset(
+        name="qwen2.5-vl-tiny",
+        family=QWEN2_5_VL,
+        vision=VisionPreset(
+            depth=4,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            hidden_act="silu",
+            patch_size=14,
+            window_size=112,
+            fullatt_block_indexes=(1, 3),
+            tokens_per_second=2,
+        ),
+        text=TextPreset(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=151936,
+            rope_theta=1_000_000.0,
+            mrope_section=(2, 3, 3),
+            mrope_interleaved=False,
+            max_position_embeddings=4096,
+        ),
+        tie_word_embeddings=True,
+        default_dtype="float32",
+        image_mean=CLIP_MEAN,
+        image_std=CLIP_STD,
+        min_pixels=4 * 28 * 28,  # 3136: a 64x64 image fits
+        max_pixels=512 * 512,
+        init=_TINY_INIT,
+        tiny=True,
+    )
+)
+
+_register(
+    ModelPreset(
+        name="qwen3-vl-2b",
+        family=QWEN3_VL,
+        vision=_qwen3_vision(24, 1024, 4096, 2048, (5, 11, 17)),
+        text=_qwen3_text(2048, 6144, 28, 16, 8),
+        tie_word_embeddings=True,
+        default_dtype="bfloat16",
+        **_QWEN3_PIXELS,
+    )
+)
+_register(
+    ModelPreset(
+        name="qwen3-vl-4b",
+        family=QWEN3_VL,
+        vision=_qwen3_vision(24, 1024, 4096, 2560, (5, 11, 17)),
+        text=_qwen3_text(2560, 9728, 36, 32, 8),
+        tie_word_embeddings=True,
+        default_dtype="bfloat16",
+        **_QWEN3_PIXELS,
+    )
+)
+_register(
+    ModelPreset(
+        name="qwen3-vl-8b",
+        family=QWEN3_VL,
+        vision=_qwen3_vision(27, 1152, 4304, 4096, (8, 16, 24)),
+        text=_qwen3_text(4096, 12288, 36, 32, 8),
+        tie_word_embeddings=False,
+        default_dtype="bfloat16",
+        **_QWEN3_PIXELS,
+    )
+)
+_register(
+    ModelPreset(
+        name="qwen2.5-vl-3b",
+        family=QWEN2_5_VL,
+        vision=_qwen25_vision(2048),
+        text=_qwen25_text(2048, 11008, 36, 16, 2, 151936),
+        tie_word_embeddings=True,
+        default_dtype="bfloat16",
+        **_QWEN25_PIXELS,
+    )
+)
+_register(
+    ModelPreset(
+        name="qwen2.5-vl-7b",
+        family=QWEN2_5_VL,
+        vision=_qwen25_vision(3584),
+        text=_qwen25_text(3584, 18944, 28, 28, 4, 152064),
+        tie_word_embeddings=False,
+        default_dtype="bfloat16",
+        **_QWEN25_PIXELS,
+    )
+)
+
+TINY_PRESETS = tuple(n for n, p in PRESETS.items() if p.tiny)
+LARGE_PRESETS = tuple(n for n, p in PRESETS.items() if not p.tiny)
+
+
+def list_presets() -> list[str]:
+    return list(PRESETS)
+
+
+def get_preset(name: str | ModelPreset) -> ModelPreset:
+    if isinstance(name, ModelPreset):
+        return name
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def resolve_dtype(preset: ModelPreset, dtype: str | None) -> str:
+    d = preset.default_dtype if dtype is None else str(dtype).removeprefix("torch.")
+    aliases = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    d = aliases.get(d, d)
+    if d not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {DTYPES}")
+    return d
+
+
+def _rope_parameters(preset: ModelPreset) -> dict:
+    t = preset.text
+    rp = {"mrope_section": list(t.mrope_section), "rope_theta": float(t.rope_theta), "rope_type": "default"}
+    if preset.is_qwen3:
+        rp["mrope_interleaved"] = bool(t.mrope_interleaved)
+    return dict(sorted(rp.items()))
+
+
+def build_text_config(preset: ModelPreset, dtype: str) -> dict:
+    t = preset.text
+    if sum(t.mrope_section) * 2 != t.head_dim:
+        raise ValueError(f"{preset.name}: mrope_section {t.mrope_section} must sum to head_dim/2")
+    cfg: dict = {
+        "attention_dropout": 0.0,
+        "dtype": dtype,
+        "hidden_act": t.hidden_act,
+        "hidden_size": t.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": t.intermediate_size,
+        "max_position_embeddings": t.max_position_embeddings,
+        "num_attention_heads": t.num_attention_heads,
+        "num_hidden_layers": t.num_hidden_layers,
+        "num_key_value_heads": t.num_key_value_heads,
+        "pad_token_id": None,
+        "rms_norm_eps": t.rms_norm_eps,
+        "rope_parameters": _rope_parameters(preset),
+        "use_cache": True,
+        "vocab_size": t.vocab_size,
+    }
+    if preset.is_qwen3:
+        cfg.update(
+            model_type="qwen3_vl_text",
+            attention_bias=False,
+            head_dim=t.head_dim,
+        )
+    else:
+        cfg.update(
+            model_type="qwen2_5_vl_text",
+            bos_token_id=BOS_TOKEN_ID,
+            eos_token_id=IM_END_TOKEN_ID,
+            layer_types=["full_attention"] * t.num_hidden_layers,
+            max_window_layers=t.num_hidden_layers,
+            sliding_window=None,
+            use_sliding_window=False,
+        )
+    return dict(sorted(cfg.items()))
+
+
+def build_vision_config(preset: ModelPreset) -> dict:
+    v = preset.vision
+    cfg: dict = {
+        "depth": v.depth,
+        "hidden_act": v.hidden_act,
+        "hidden_size": v.hidden_size,
+        "in_channels": v.in_channels,
+        "initializer_range": 0.02,
+        "intermediate_size": v.intermediate_size,
+        "num_heads": v.num_heads,
+        "out_hidden_size": v.out_hidden_size,
+        "patch_size": v.patch_size,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"},
+        "spatial_merge_size": v.spatial_merge_size,
+        "temporal_patch_size": v.temporal_patch_size,
+    }
+    if preset.is_qwen3:
+        cfg.update(
+            model_type="qwen3_vl_vision",
+            deepstack_visual_indexes=list(v.deepstack_visual_indexes),
+            num_position_embeddings=v.num_position_embeddings,
+        )
+    else:
+        cfg.update(
+            model_type="qwen2_5_vl_vision",
+            fullatt_block_indexes=list(v.fullatt_block_indexes),
+            tokens_per_second=v.tokens_per_second,
+            window_size=v.window_size,
+        )
+    return dict(sorted(cfg.items()))
+
+
+def build_config_dict(preset: str | ModelPreset, dtype: str | None = None) -> dict:
+    """The ``config.json`` dict, in the layout transformers 5.x writes."""
+    p = get_preset(preset)
+    d = resolve_dtype(p, dtype)
+    cfg = {
+        "architectures": [p.architecture],
+        "dtype": d,
+        "torch_dtype": d,  # older readers
+        "image_token_id": IMAGE_TOKEN_ID,
+        "model_type": p.model_type,
+        "text_config": build_text_config(p, d),
+        "tie_word_embeddings": bool(p.tie_word_embeddings),
+        "video_token_id": VIDEO_TOKEN_ID,
+        "vision_config": build_vision_config(p),
+        "vision_end_token_id": VISION_END_TOKEN_ID,
+        "vision_start_token_id": VISION_START_TOKEN_ID,
+    }
+    return dict(sorted(cfg.items()))
+
+
+def build_generation_config(preset: str | ModelPreset) -> dict:
+    get_preset(preset)
+    return {
+        "bos_token_id": BOS_TOKEN_ID,
+        "do_sample": False,
+        "eos_token_id": [IM_END_TOKEN_ID, BOS_TOKEN_ID],
+        "pad_token_id": PAD_TOKEN_ID,
+    }
+
+
+def build_preprocessor_config(preset: str | ModelPreset) -> dict:
+    p = get_preset(preset)
+    v = p.vision
+    return {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": list(p.image_mean),
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "image_std": list(p.image_std),
+        "max_pixels": p.max_pixels,  # same limits, in the older top-level spelling
+        "merge_size": v.spatial_merge_size,
+        "min_pixels": p.min_pixels,
+        "patch_size": v.patch_size,
+        "processor_class": _PROCESSOR_CLASS[p.family],
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": p.max_pixels, "shortest_edge": p.min_pixels},
+        "temporal_patch_size": v.temporal_patch_size,
+    }
+
+
+def with_overrides(preset: str | ModelPreset, **changes) -> ModelPreset:
+    """A copy of ``preset`` with top-level fields replaced (e.g. a different init scheme)."""
+    return replace(get_preset(preset), **changes)

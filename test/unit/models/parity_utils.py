@@ -1,0 +1,63 @@
+"""Shared helpers for comparing our models with transformers on the same weights."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import torch
+from PIL import Image
+
+from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
+from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor
+
+IMAGE_PAD, VISION_START, VISION_END = 151655, 151652, 151653
+PLACEHOLDER = [VISION_START, IMAGE_PAD, VISION_END]
+
+
+def noise_image(w: int, h: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+
+
+def small_processor(model_path: str, patch: int, mean, std) -> QwenVLProcessor:
+    """Tight pixel limits so images stay a few dozen tokens on CPU (a thin strip still hits min)."""
+    factor = patch * 2
+    ip = QwenVLImageProcessor(
+        patch_size=patch, image_mean=mean, image_std=std, min_pixels=4 * factor * factor, max_pixels=48 * factor * factor
+    )
+    with open(os.path.join(model_path, "config.json")) as f:
+        cfg = json.load(f)
+    return QwenVLProcessor(None, ip, model_type=cfg["model_type"])
+
+
+def hf_logits(hf_model, input_ids: list[int], items) -> torch.Tensor:
+    ids = torch.tensor([input_ids])
+    kwargs = {"mm_token_type_ids": (ids == IMAGE_PAD).long()}
+    if items:
+        kwargs["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in items])
+        kwargs["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in items])
+    with torch.no_grad():
+        return hf_model(input_ids=ids, **kwargs).logits[0].float()
+
+
+def make_runner(model_path: str, dtype: str = "float32") -> tuple[ModelRunner, StaticBatchRunner]:
+    runner = ModelRunner(
+        ModelRunnerConfig(model_path=model_path, dtype=dtype, max_total_tokens=4096, max_running_requests=8, context_length=2048)
+    )
+    return runner, StaticBatchRunner(runner)
+
+
+def our_logits(sb: StaticBatchRunner, prompts, chunk_size: int | None = None) -> list[torch.Tensor]:
+    seqs = [StaticSeq(ids, mm) for ids, mm in prompts]
+    try:
+        _, full = sb.extend(seqs, chunk_size=chunk_size, return_all_logits=True)
+    finally:
+        sb.release(seqs)
+    return full
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((ours - ref).abs().max() / ref.abs().max()).item()
