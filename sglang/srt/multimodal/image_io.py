@@ -192,10 +192,23 @@ def decode_base64(data: str) -> bytes:
 
 def read_local_file(path: str, allowed_local_media_path: str | None = None) -> bytes:
     """Read a local file, refusing paths outside ``allowed_local_media_path`` when given."""
+    real = _check_allowed_path(path, allowed_local_media_path)
+    if not os.path.exists(real):
+        raise ImageLoadError(f"local image file not found: {path!r}")
+    if not os.path.isfile(real):
+        raise ImageLoadError(f"local image path is not a regular file: {path!r}")
+    try:
+        with open(real, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ImageLoadError(f"cannot read local image file {path!r}: {e}") from e
+
+
+def _check_allowed_path(path: str, allowed_local_media_path: str | None) -> str:
+    """Resolve ``path`` (symlinks too) and refuse it if outside the allowed root; return the real path."""
     if "\x00" in path:
         raise ImageLoadError("invalid local image path: contains a NUL byte")
-    expanded = os.path.expanduser(path)
-    real = os.path.realpath(expanded)
+    real = os.path.realpath(os.path.expanduser(path))
     if allowed_local_media_path is not None:
         root = os.path.realpath(os.path.expanduser(allowed_local_media_path))
         try:
@@ -207,15 +220,7 @@ def read_local_file(path: str, allowed_local_media_path: str | None = None) -> b
                 f"local image path {path!r} is outside the allowed local media path "
                 f"{allowed_local_media_path!r}"
             )
-    if not os.path.exists(real):
-        raise ImageLoadError(f"local image file not found: {path!r}")
-    if not os.path.isfile(real):
-        raise ImageLoadError(f"local image path is not a regular file: {path!r}")
-    try:
-        with open(real, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise ImageLoadError(f"cannot read local image file {path!r}: {e}") from e
+    return real
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -310,8 +315,14 @@ def _string_to_bytes(source: str, allowed_local_media_path: str | None) -> bytes
             exists = os.path.exists(os.path.expanduser(source))
         except (OSError, ValueError):
             exists = False
-        if exists or _looks_like_path(source):
+        if exists:
             return read_local_file(source, allowed_local_media_path)
+        if _looks_like_path(source):
+            _check_allowed_path(source, allowed_local_media_path)
+            raise ImageLoadError(
+                f"local image file not found: {source[:200]!r} (and the string is not valid base64 "
+                "image data either: it contains characters outside the base64 alphabet)"
+            )
     elif _looks_like_path(source):
         raise ImageLoadError("invalid base64 image data: contains characters outside the base64 alphabet")
     return decode_base64(source)

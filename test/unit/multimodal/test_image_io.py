@@ -250,6 +250,12 @@ def test_path_outside_allowlist(tmp_path):
 def test_missing_file_and_directory(tmp_path):
     with pytest.raises(ImageLoadError, match="not found"):
         load_image(str(tmp_path / "nope.png"))
+    with pytest.raises(ImageLoadError, match="not found"):
+        load_image(tmp_path / "nope.png")
+    with pytest.raises(ImageLoadError, match="not found.*not valid base64"):
+        load_image("relative/missing.jpg")
+    with pytest.raises(ImageLoadError, match="outside"):
+        load_image("/elsewhere/missing.jpg", allowed_local_media_path=str(tmp_path))
     with pytest.raises(ImageLoadError, match="not a regular file"):
         load_image(str(tmp_path))
 

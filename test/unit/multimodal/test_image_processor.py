@@ -351,8 +351,13 @@ def test_placeholder_count_mismatch(tokenizer):
 def test_bad_image_in_request_names_index(tokenizer):
     proc = QwenVLProcessor(tokenizer, model_type="qwen3_vl")
     img = make_image(32, 32, "RGB")
-    with pytest.raises(ImageLoadError, match=r"image 1: .*base64"):
-        proc.process(f"{PH}{PH}", [img, "!!!not base64!!!"])
+    with pytest.raises(ImageLoadError, match=r"image 1: .*not valid base64"):
+        proc.process(f"{PH}{PH}", [img, "!!!garbage!!!"])
+    with ThreadPoolExecutor(2) as ex:
+        with pytest.raises(ImageLoadError, match=r"image 0: invalid base64"):
+            proc.process(f"{PH}{PH}", ["QUJD" * 3000 + "$", img], executor=ex)
+    with pytest.raises(ImageLoadError, match=r"^unsupported or unrecognized image format"):
+        proc.process(PH, [b"GIF89a-not-really"])
 
 
 def test_from_pretrained(tmp_path, tokenizer):

@@ -265,11 +265,15 @@ def process_image(image: Image.Image, cfg: QwenVLImageProcessor) -> tuple[np.nda
     C = 3
     # (gh/m, m, p, gw/m, m, p, C) -> (gh/m, gw/m, m, m, C, p, p)
     u8 = arr.reshape(gh // m, m, p, gw // m, m, p, C).transpose(0, 3, 1, 4, 6, 2, 5)
-    # repeat along a temporal axis after C without copying, then gather through the LUT
-    u8 = np.broadcast_to(u8[:, :, :, :, :, None, :, :], (*u8.shape[:5], T, p, p))
-    chan = np.arange(C, dtype=np.intp).reshape(C, 1, 1, 1)
-    patches = cfg._lut[chan, u8]  # (gh/m, gw/m, m, m, C, T, p, p) float32, contiguous
-    return patches.reshape(gh * gw, C * T * p * p), (1, gh, gw)
+    # Gather every channel through its LUT straight into the (.., C, T, p, p) output;
+    # the still image is repeated along T.
+    out = np.empty((*u8.shape[:5], T, p, p), dtype=np.float32)
+    for c in range(C):
+        vals = np.take(cfg._lut[c], u8[:, :, :, :, c])  # (gh/m, gw/m, m, m, p, p)
+        out[:, :, :, :, c, 0] = vals
+        if T > 1:
+            out[:, :, :, :, c, 1:] = vals[:, :, :, :, None]
+    return out.reshape(gh * gw, C * T * p * p), (1, gh, gw)
 
 
 @dataclass
@@ -448,17 +452,18 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         if any(t == self.video_token_id for t in ids):
             raise MultimodalInputError("video inputs (<|video_pad|>) are not supported yet")
 
+        def _one(idx: int, src: ImageInput) -> ProcessedImage:
+            try:
+                return self.load_and_process_image(src)
+            except ImageLoadError as e:
+                if len(images) > 1:
+                    raise ImageLoadError(f"image {idx}: {e}") from e
+                raise
+
         if executor is not None and len(images) > 1:
-            processed = list(executor.map(self.load_and_process_image, images))
+            processed = list(executor.map(_one, range(len(images)), images))
         else:
-            processed = []
-            for idx, src in enumerate(images):
-                try:
-                    processed.append(self.load_and_process_image(src))
-                except ImageLoadError as e:
-                    if len(images) > 1:
-                        raise ImageLoadError(f"image {idx}: {e}") from e
-                    raise
+            processed = [_one(i, src) for i, src in enumerate(images)]
 
         merge2 = self.spatial_merge_size**2
         out_ids: list[int] = []
