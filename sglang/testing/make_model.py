@@ -427,7 +427,9 @@ def make_model(
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("SGLANG_MODEL_CACHE")
+    from sglang.srt.environ import envs
+
+    env = envs.SGLANG_MODEL_CACHE.get()
     return Path(env).expanduser() if env else Path("~/.cache/sglang/models").expanduser()
 
 
