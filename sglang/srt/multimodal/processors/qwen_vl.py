@@ -55,7 +55,6 @@ from sglang.srt.multimodal.mrope import (
 from sglang.srt.multimodal.processors.base import (
     BaseMultimodalProcessor,
     MultimodalInputError,
-    register_processor,
 )
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -303,16 +302,6 @@ def _mrope_model_type(model_type: str) -> str:
     raise ValueError(f"unsupported Qwen-VL model_type {model_type!r}")
 
 
-@register_processor(
-    "Qwen3VLForConditionalGeneration",
-    "Qwen3VLMoeForConditionalGeneration",
-    "Qwen2_5_VLForConditionalGeneration",
-    "Qwen2VLForConditionalGeneration",
-    "qwen3_vl",
-    "qwen3_vl_moe",
-    "qwen2_5_vl",
-    "qwen2_vl",
-)
 class QwenVLProcessor(BaseMultimodalProcessor):
     """Prompt + images -> expanded input ids, pixel values, M-RoPE positions.
 
