@@ -45,7 +45,7 @@ from sglang.testing.presets import (
     resolve_dtype,
 )
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 DEFAULT_MAX_SHARD_BYTES = 2_000_000_000  # ~2 GB per shard
 CHUNK_ELEMS = 1 << 24  # values drawn per chunk (64 MB of float32)
 STAMP_FILE = "sglang_make_model.json"
@@ -57,6 +57,7 @@ _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # Tensor kinds (select the init distribution).
 WEIGHT, EMBED, BIAS, NORM = "weight", "embed", "bias", "norm"
+VOCAB = "vocab"  # token embedding / lm_head: rows indexed by token id
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def _text_specs(p: ModelPreset) -> list[TensorSpec]:
     h, hd = t.hidden_size, t.head_dim
     q_out, kv_out = t.num_attention_heads * hd, t.num_key_value_heads * hd
     qkv_bias = not qwen3
-    specs = [TensorSpec(f"{pre}.embed_tokens.weight", (t.vocab_size, h), EMBED)]
+    specs = [TensorSpec(f"{pre}.embed_tokens.weight", (t.vocab_size, h), VOCAB)]
     for i in range(t.num_hidden_layers):
         b = f"{pre}.layers.{i}"
         specs += _linear(f"{b}.self_attn.q_proj", q_out, h, qkv_bias)
@@ -171,7 +172,7 @@ def _text_specs(p: ModelPreset) -> list[TensorSpec]:
         specs += _norm(f"{b}.post_attention_layernorm", h, False)
     specs += _norm(f"{pre}.norm", h, False)
     if not p.tie_word_embeddings:
-        specs.append(TensorSpec("lm_head.weight", (t.vocab_size, h), EMBED))
+        specs.append(TensorSpec("lm_head.weight", (t.vocab_size, h), VOCAB))
     return specs
 
 
@@ -224,13 +225,27 @@ def _scale(spec: TensorSpec, preset: ModelPreset) -> tuple[float, float]:
     init = preset.init
     if spec.kind == WEIGHT:
         return 0.0, init.weight_std
-    if spec.kind == EMBED:
+    if spec.kind in (EMBED, VOCAB):
         return 0.0, init.embed_std
     if spec.kind == BIAS:
         return 0.0, init.bias_std
     if spec.kind == NORM:
         return 1.0, init.norm_noise_std
     raise ValueError(spec.kind)
+
+
+def _vocab_row_std(p: ModelPreset, vocab: int, std: float) -> np.ndarray:
+    """Per-row std of a vocabulary matrix: ids the tokenizer never produces (reserved fillers and the
+    padding past the added tokens) get `unused_vocab_scale` of it, so a random model's greedy output
+    is mostly real tokens rather than `<|reserved_N|>` fillers."""
+    from sglang.testing.tokenizer_builder import added_tokens, trained_vocab_size
+
+    out = np.full(vocab, std * p.init.unused_vocab_scale, dtype=np.float32)
+    out[: trained_vocab_size()] = std
+    for tid, _, _ in added_tokens(p.family):
+        if tid < vocab:
+            out[tid] = std
+    return out
 
 
 def iter_tensor_chunks(spec: TensorSpec, preset: str | ModelPreset, seed: int, dtype: str) -> Iterator[np.ndarray]:
@@ -244,11 +259,16 @@ def iter_tensor_chunks(spec: TensorSpec, preset: str | ModelPreset, seed: int, d
     total = spec.numel
     row = math.prod(spec.shape[1:]) if len(spec.shape) > 1 else 1
     per_chunk = max(1, CHUNK_ELEMS // row) * row  # whole rows per chunk
+    row_std = _vocab_row_std(p, spec.shape[0], std) if spec.kind == VOCAB else None
     done = 0
     while done < total:
         n = min(per_chunk, total - done)
         vals = rng.standard_normal(n, dtype=np.float32)
-        vals *= np.float32(std)
+        if row_std is None:
+            vals *= np.float32(std)
+        else:
+            r0 = done // row
+            vals = (vals.reshape(-1, row) * row_std[r0 : r0 + n // row, None]).reshape(-1)
         if mean:
             vals += np.float32(mean)
         yield _encode(vals, dtype)

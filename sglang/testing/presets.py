@@ -80,6 +80,7 @@ class InitScheme:
     embed_std: float = 0.02  # token embedding, lm_head, vision pos_embed
     bias_std: float = 0.02
     norm_noise_std: float = 0.02  # norm weights are 1 + N(0, norm_noise_std)
+    unused_vocab_scale: float = 0.05  # std factor for token ids the tokenizer never produces
 
 
 @dataclass(frozen=True)
