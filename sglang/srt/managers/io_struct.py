@@ -1,0 +1,139 @@
+"""Messages between the processes (tokenizer manager <-> scheduler <-> detokenizer).
+
+Plain dataclasses, pickled over ZMQ between our own processes only. No model or scheduler imports:
+every process can load this module cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang.srt.multimodal.mm_types import MultimodalInputs
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+# ----------------------------------------------------------------------------- API layer -> tokenizer manager
+@dataclass
+class GenerateReqInput:
+    """One request as the API layer hands it to the TokenizerManager, before tokenization.
+
+    Exactly one of `text`, `input_ids`, `messages` is set. `messages` are chat turns (OpenAI style:
+    string content or lists of `text` / `image_url` / `image` parts); `image_data` holds the images
+    for `{"type": "image"}` parts or for the `<|image_pad|>` placeholders of `text` / `input_ids`,
+    in prompt order (bytes, base64, data URLs, http(s) URLs, allowed local paths, PIL images)."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    image_data: list[Any] = field(default_factory=list)
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    rid: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    created_time: float = 0.0
+
+
+# ----------------------------------------------------------------------------- tokenizer -> scheduler
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    mm_inputs: MultimodalInputs | None = None
+    stream: bool = False
+    input_text: str | None = None
+    created_time: float = 0.0  # time.time() when the HTTP request arrived
+    # stage timings measured before the scheduler (ms); the stage timer fills these
+    stage_timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AbortReq:
+    rid: str
+    reason: str = "aborted by client"
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+@dataclass
+class GetServerInfoReq:
+    pass
+
+
+# ----------------------------------------------------------------------------- finish reasons
+@dataclass
+class FinishReason:
+    type: str  # "stop" | "length" | "abort"
+    matched: int | str | None = None  # the stop token id or stop string that ended generation
+    message: str | None = None  # for "abort": why (client gone, bad request, server error)
+    status_code: int | None = None  # for "abort" caused by bad input: the HTTP status to answer with
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.type}
+        if self.matched is not None:
+            d["matched"] = self.matched
+        if self.message is not None:
+            d["message"] = self.message
+        return d
+
+
+# ----------------------------------------------------------------------------- scheduler -> detokenizer
+@dataclass
+class BatchTokenIDOut:
+    """New tokens since the last message, per request; `finished_reasons[i]` set on the last one."""
+
+    rids: list[str]
+    new_token_ids: list[list[int]]
+    finished_reasons: list[FinishReason | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    skip_special_tokens: list[bool]
+    meta_info: list[dict[str, Any]]
+
+
+# ----------------------------------------------------------------------------- detokenizer -> tokenizer
+@dataclass
+class BatchStrOut:
+    """New text (and ids) since the last message, per request."""
+
+    rids: list[str]
+    output_strs: list[str]
+    new_token_ids: list[list[int]]
+    finished_reasons: list[FinishReason | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    meta_info: list[dict[str, Any]]
+
+
+# ----------------------------------------------------------------------------- scheduler -> tokenizer (control)
+@dataclass
+class FlushCacheReqOutput:
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class GetServerInfoReqOutput:
+    info: dict[str, Any]
+
+
+@dataclass
+class SchedulerReady:
+    """Sent once per rank-0 scheduler after the model is loaded: the start-up barrier."""
+
+    max_total_num_tokens: int
+    max_req_input_len: int
+    context_length: int
+
+
+@dataclass
+class SchedulerDied:
+    """Best-effort notice from a scheduler that is about to exit on an error."""
+
+    message: str

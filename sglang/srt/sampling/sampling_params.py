@@ -1,0 +1,49 @@
+"""Per-request sampling parameters, validated where the request enters (clear 400s, never a crash later)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SamplingParamsError(ValueError):
+    pass
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: all tokens
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    def verify(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise SamplingParamsError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not 0.0 <= float(self.temperature) <= 100.0:
+            raise SamplingParamsError(f"temperature must be in [0, 100], got {self.temperature!r}")
+        if not 0.0 < float(self.top_p) <= 1.0:
+            raise SamplingParamsError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
+            raise SamplingParamsError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
+        if not 0.0 <= float(self.min_p) <= 1.0:
+            raise SamplingParamsError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise SamplingParamsError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise SamplingParamsError("stop must be a non-empty string or a list of non-empty strings")
+        if len(self.stop) > 16:
+            raise SamplingParamsError("at most 16 stop strings")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise SamplingParamsError("stop_token_ids must be non-negative integers")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1

@@ -1,0 +1,160 @@
+"""All server arguments: one frozen dataclass; the argparse CLI is generated from its fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, get_args, get_origin, get_type_hints
+
+
+def _arg(help: str, choices: tuple | None = None, **kw) -> dict:
+    return {"help": help, "choices": choices, **kw}
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str | None = field(default=None, metadata=_arg(
+        "HF-format model directory; omitted: the embedded tiny Qwen3-VL, generated on first use"))
+    tokenizer_path: str | None = field(default=None, metadata=_arg("tokenizer directory (default: model path)"))
+    served_model_name: str | None = field(default=None, metadata=_arg("name reported by /v1/models"))
+    host: str = field(default="127.0.0.1", metadata=_arg("HTTP bind address"))
+    port: int = field(default=30000, metadata=_arg("HTTP port"))
+    tp_size: int = field(default=1, metadata=_arg("tensor-parallel ranks (one scheduler process each)"))
+    nnodes: int = field(default=1, metadata=_arg("number of nodes"))
+    node_rank: int = field(default=0, metadata=_arg("this node's rank"))
+    dist_init_addr: str | None = field(default=None, metadata=_arg("host:port of the torch.distributed rendezvous"))
+    context_length: int | None = field(default=None, metadata=_arg("max prompt + output tokens (default: model's)"))
+    chunked_prefill_size: int = field(default=8192, metadata=_arg(
+        "max tokens prefilled per step; longer prompts are split into chunks (-1: no chunking)"))
+    max_prefill_tokens: int = field(default=16384, metadata=_arg("token budget of one prefill batch"))
+    max_running_requests: int = field(default=64, metadata=_arg("max requests decoding at once"))
+    max_total_tokens: int | None = field(default=None, metadata=_arg(
+        "KV cache size in tokens (CPU default 65536; GPU default from --mem-fraction-static)"))
+    mem_fraction_static: float = field(default=0.85, metadata=_arg(
+        "GPU: fraction of device memory for weights + KV cache"))
+    page_size: int = field(default=1, metadata=_arg("KV cache page size in tokens"))
+    disable_radix_cache: bool = field(default=False, metadata=_arg("disable the prefix cache"))
+    schedule_policy: str = field(default="fcfs", metadata=_arg(
+        "order of waiting requests", choices=("fcfs", "lpm")))
+    log_level: str = field(default="info", metadata=_arg(
+        "logging level", choices=("debug", "info", "warning", "error")))
+    enable_metrics: bool = field(default=False, metadata=_arg("serve Prometheus metrics on /metrics"))
+    limit_mm_per_prompt: int = field(default=32, metadata=_arg("max images per request"))
+    allowed_local_media_path: str | None = field(default=None, metadata=_arg(
+        "directory local image paths must lie under (default: local paths refused)"))
+    media_fetch_timeout: float = field(default=10.0, metadata=_arg("seconds to fetch one http(s) image"))
+    media_max_bytes: int = field(default=20 * 1024 * 1024, metadata=_arg("byte cap for one fetched image"))
+    random_seed: int = field(default=0, metadata=_arg("seed for sampling without a per-request seed"))
+    dtype: str = field(default="auto", metadata=_arg(
+        "weight dtype", choices=("auto", "float32", "bfloat16", "float16")))
+    device: str = field(default="auto", metadata=_arg("device", choices=("auto", "cpu", "cuda")))
+    attention_backend: str = field(default="torch_native", metadata=_arg("attention backend"))
+    stream_interval: int = field(default=1, metadata=_arg("decode steps between streamed chunks"))
+    watchdog_timeout: float = field(default=300.0, metadata=_arg(
+        "seconds without scheduler progress before the server declares itself dead"))
+
+    def __post_init__(self):
+        problems = []
+        if self.tp_size < 1:
+            problems.append("--tp-size must be >= 1")
+        if self.page_size < 1:
+            problems.append("--page-size must be >= 1")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            problems.append("--chunked-prefill-size must be positive or -1")
+        if self.max_running_requests < 1:
+            problems.append("--max-running-requests must be >= 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            problems.append("--max-total-tokens must be >= 16")
+        if not 0 < self.mem_fraction_static < 1:
+            problems.append("--mem-fraction-static must be in (0, 1)")
+        if self.limit_mm_per_prompt < 0:
+            problems.append("--limit-mm-per-prompt must be >= 0")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            problems.append("--node-rank must be in [0, --nnodes)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    # ------------------------------------------------------------------ derived
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_model_path(self) -> str:
+        if self.model_path:
+            return self.model_path
+        from sglang.testing.make_model import ensure_model
+
+        return str(ensure_model("qwen3-vl-tiny"))
+
+    # ------------------------------------------------------------------ CLI
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            meta = dict(f.metadata)
+            kwargs: dict[str, Any] = {"help": meta.get("help", ""), "dest": f.name}
+            typ = hints[f.name]
+            if typ is bool:
+                parser.add_argument(flag, action="store_true", default=f.default, **kwargs)
+                continue
+            base = _base_type(typ)
+            kwargs["type"] = base
+            kwargs["default"] = f.default
+            if meta.get("choices"):
+                kwargs["choices"] = meta["choices"]
+            parser.add_argument(flag, **kwargs)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def from_argv(cls, argv: list[str] | None = None, prog: str = "python -m sglang.launch_server") -> "ServerArgs":
+        parser = argparse.ArgumentParser(prog=prog)
+        cls.add_cli_args(parser)
+        args = parser.parse_args(argv)
+        try:
+            return cls.from_cli_args(args)
+        except ValueError as e:
+            parser.error(str(e))
+
+
+def _base_type(typ):
+    if get_origin(typ) is not None:
+        args = [a for a in get_args(typ) if a is not type(None)]
+        return args[0]
+    return typ
+
+
+@dataclass(frozen=True)
+class PortArgs:
+    """ZMQ endpoints (process-local ipc:// sockets in one private directory) and the torch.distributed
+    rendezvous of one server instance."""
+
+    ipc_dir: str
+    tokenizer_ipc_name: str  # detokenizer -> tokenizer manager
+    scheduler_input_ipc_name: str  # tokenizer manager -> scheduler rank 0
+    detokenizer_ipc_name: str  # scheduler rank 0 -> detokenizer
+    nccl_port: int  # torch.distributed init port when --dist-init-addr is not given
+
+    @classmethod
+    def create(cls, server_args: ServerArgs) -> "PortArgs":
+        import socket
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="sglang-ipc-")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return cls(
+            ipc_dir=d,
+            tokenizer_ipc_name=f"ipc://{d}/tokenizer",
+            scheduler_input_ipc_name=f"ipc://{d}/scheduler",
+            detokenizer_ipc_name=f"ipc://{d}/detokenizer",
+            nccl_port=port,
+        )
