@@ -60,6 +60,7 @@ class _Registry:
 
 envs = _Registry()
 envs.add("SGLANG_MODEL_CACHE", "", str, "Directory for generated embedded models (default ~/.cache/sglang/models).")
+envs.add("SGLANG_VLM_CACHE_SIZE_MB", 100, int, "Byte budget (MiB) of the vision-encoder embedding cache.")
 envs.add("SGLANG_TEST_DEVICE", "cpu", str, "Device the test suite runs models on (cpu or cuda).")
 
 

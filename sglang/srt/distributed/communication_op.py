@@ -21,3 +21,24 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, tp: TPInfo, dim: int = -1)
     parts = [torch.empty_like(x) for _ in range(tp.size)]
     dist.all_gather(parts, x.contiguous(), group=tp.group)
     return torch.cat(parts, dim=dim)
+
+
+def broadcast_pyobj(obj, tp: TPInfo, src: int = 0):
+    """Rank `src` pickles `obj` into a byte tensor and broadcasts its size, then its bytes, over the
+    CPU group; every rank returns the unpickled object. Identity at tp size 1."""
+    import pickle
+
+    if tp.size == 1:
+        return obj
+    if tp.rank == src:
+        data = pickle.dumps(obj)
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+        dist.broadcast(size, src=src, group=tp.cpu_group)
+        dist.broadcast(payload, src=src, group=tp.cpu_group)
+        return obj
+    size = torch.empty(1, dtype=torch.int64)
+    dist.broadcast(size, src=src, group=tp.cpu_group)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(payload, src=src, group=tp.cpu_group)
+    return pickle.loads(payload.numpy().tobytes())

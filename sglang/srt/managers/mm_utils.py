@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from sglang.srt.multimodal.hashing import combined_hash
+
 
 def _chunk_image_rows(mm_inputs, chunk_start: int, chunk_end: int):
     """For one request's chunk [chunk_start, chunk_end): (item index, first row, last row, first
@@ -24,6 +26,27 @@ def _chunk_image_rows(mm_inputs, chunk_start: int, chunk_end: int):
                 spans.append((idx, row_base + lo - s, row_base + hi - s, lo - chunk_start))
             row_base += e - s
     return spans
+
+
+def _request_image_embeddings(items, encode_images, cache) -> list[torch.Tensor]:
+    """All of a request's image embeddings, through the cache when the items carry hashes."""
+    if cache is None or any(it.hash is None for it in items):
+        return encode_images(items)
+    key = combined_hash([it.hash for it in items])
+    embeds = cache.get(key)
+    if embeds is None:
+        embeds = encode_images(items)
+        cache.put(key, embeds)
+    return embeds
+
+
+def pad_input_ids(input_ids: list[int], mm_inputs) -> list[int]:
+    """Prefix-cache key of a prompt: each image's placeholder tokens replaced by its pad value."""
+    out = list(input_ids)
+    for item in mm_inputs.mm_items:
+        for s, e in item.offsets:
+            out[s:e] = [item.pad_value] * (e - s)
+    return out
 
 
 def general_mm_embed_routine(
@@ -49,7 +72,7 @@ def general_mm_embed_routine(
             spans = _chunk_image_rows(mm, prefix, prefix + n)
             if not spans:
                 continue
-            embeds = encode_images(mm.mm_items)
+            embeds = _request_image_embeddings(mm.mm_items, encode_images, forward_batch.mm_embedding_cache)
             for idx, r0, r1, p0 in spans:
                 rows.append(embeds[idx][r0:r1])
                 positions.append(torch.arange(starts[i] + p0, starts[i] + p0 + (r1 - r0)))

@@ -39,8 +39,7 @@ class ForwardBatch:
     token_to_kv_pool: Any = None
     attn_backend: Any = None
     return_all_logits: bool = False
-    # Filled by the multimodal embedding routine for models with deepstack (Qwen3-VL).
-    deepstack_embeds: torch.Tensor | None = None
+    mm_embedding_cache: Any = None  # MultimodalEmbeddingCache, when the runner keeps one
 
     @property
     def batch_size(self) -> int:
@@ -58,3 +57,15 @@ class ForwardBatch:
             starts.append(acc)
             acc += n
         return starts
+
+
+def compute_positions(mm_inputs, prompt_len: int, start: int, end: int) -> torch.Tensor:
+    """(3, end-start) M-RoPE positions of a request's tokens [start, end). Prompt tokens take the
+    processor's positions; later tokens (outputs, or outputs re-prefilled after a retraction)
+    continue as text: index + the request's position delta."""
+    delta = 0 if mm_inputs is None else int(mm_inputs.mrope_position_delta)
+    out = torch.arange(start, end, dtype=torch.int64).unsqueeze(0).repeat(3, 1) + delta
+    if mm_inputs is not None and mm_inputs.mrope_positions is not None and start < prompt_len:
+        stop = min(end, prompt_len)
+        out[:, : stop - start] = torch.as_tensor(mm_inputs.mrope_positions)[:, start:stop]
+    return out

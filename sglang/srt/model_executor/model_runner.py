@@ -12,6 +12,8 @@ from sglang.srt.layers.attention.base_attn_backend import create_attention_backe
 from sglang.srt.layers.attention import torch_native_backend  # noqa: F401  (registers "torch_native")
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.environ import envs
+from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.model_loader.loader import get_model
 
 logger = logging.getLogger(__name__)
@@ -22,7 +24,8 @@ class ModelRunnerConfig:
     model_path: str
     dtype: str = "auto"
     device: str = "cpu"
-    max_total_tokens: int = 16384
+    max_total_tokens: int | None = 16384  # None: derive from mem_fraction_static (GPU) or 65536 (CPU)
+    mem_fraction_static: float = 0.85
     max_running_requests: int = 64
     context_length: int | None = None
     attention_backend: str = "torch_native"
@@ -40,16 +43,35 @@ class ModelRunner:
         self.context_length = cfg.context_length or text.max_position_embeddings
         attn = self.model.model.layers[0].self_attn
         self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests, self.context_length, self.device)
+        bytes_per_token = 2 * text.num_hidden_layers * attn.num_kv_heads * text.head_dim * self.dtype.itemsize
+        self.max_total_num_tokens = self._kv_budget(bytes_per_token)
         self.token_to_kv_pool = MHATokenToKVPool(
-            cfg.max_total_tokens, attn.num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
+            self.max_total_num_tokens, attn.num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
         )
-        self.allocator = TokenToKVPoolAllocator(cfg.max_total_tokens, self.device)
+        self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device)
         self.attn_backend = create_attention_backend(cfg.attention_backend)
+        self.mm_embedding_cache = MultimodalEmbeddingCache(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024)
+
+    def _kv_budget(self, bytes_per_token: int) -> int:
+        if self.cfg.max_total_tokens is not None:
+            return self.cfg.max_total_tokens
+        if self.device.type != "cuda":
+            return 65536
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free  # weights and anything else already resident
+        budget = int(total * self.cfg.mem_fraction_static) - used
+        if budget < bytes_per_token * 1024:
+            raise RuntimeError(
+                f"--mem-fraction-static {self.cfg.mem_fraction_static} leaves {budget / 2**30:.2f} GiB for the KV "
+                "cache after loading weights: raise it or use a smaller model"
+            )
+        return budget // bytes_per_token
 
     @torch.inference_mode()
     def forward(self, forward_batch):
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
+        forward_batch.mm_embedding_cache = self.mm_embedding_cache
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, compute_positions
 
 
 @dataclass
@@ -21,16 +21,7 @@ class StaticSeq:
     slots: list[torch.Tensor] = field(default_factory=list)
 
     def positions(self, start: int, end: int) -> torch.Tensor:
-        """(3, end-start) M-RoPE positions of tokens [start, end); past the prompt, text positions
-        continue from the last prompt position via the request's delta."""
-        mm = self.mm_inputs
-        prompt_len = len(self.input_ids)
-        delta = 0 if mm is None else int(mm.mrope_position_delta)
-        out = torch.arange(start, end, dtype=torch.int64).unsqueeze(0).repeat(3, 1) + delta
-        if mm is not None and start < prompt_len:
-            stop = min(end, prompt_len)
-            out[:, : stop - start] = mm.mrope_positions[:, start:stop]
-        return out
+        return compute_positions(self.mm_inputs, len(self.input_ids), start, end)
 
 
 class StaticBatchRunner:

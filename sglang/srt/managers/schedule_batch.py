@@ -1,0 +1,133 @@
+"""Scheduler-side request state (`Req`) and the batch of requests one forward step runs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang.srt.managers.io_struct import FinishReason
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, compute_positions
+from sglang.srt.multimodal.mm_types import MultimodalInputs
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class Req:
+    """One request inside the scheduler.
+
+    Token bookkeeping: `fill_ids` is the prompt key (image tokens replaced by pad values) followed by
+    the generated tokens; the first `kv_len` of them have KV in the pool at the slots in
+    `kv_indices` (the cached prefix owned by the radix tree comes first, `cache_len` long)."""
+
+    def __init__(
+        self,
+        rid: str,
+        origin_input_ids: list[int],
+        sampling_params: SamplingParams,
+        mm_inputs: MultimodalInputs | None = None,
+        stream: bool = False,
+        created_time: float | None = None,
+        stage_timings_ms: dict | None = None,
+    ):
+        self.rid = rid
+        self.origin_input_ids = origin_input_ids
+        self.sampling_params = sampling_params
+        self.mm_inputs = mm_inputs
+        self.stream = stream
+        self.created_time = created_time or time.time()
+        self.stage_timings_ms = dict(stage_timings_ms or {})
+        self.prompt_key: list[int] = list(origin_input_ids)  # set to the padded key after hashing
+        self.output_ids: list[int] = []
+        self.finished_reason: FinishReason | None = None
+        self.to_abort: FinishReason | None = None
+
+        self.req_pool_idx: int = -1
+        self.kv_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node = None  # radix node locked for this request's cached prefix
+        self.cache_len = 0  # tokens of kv_indices owned by the radix tree
+        self.cached_tokens = 0  # prefix-cache hit reported to the client (first admission)
+        self.admitted = False
+        self.extend_len = 0  # tokens this step prefills
+        self.sent_len = 0  # output tokens already sent to the detokenizer
+        self.generator: torch.Generator | None = (
+            torch.Generator().manual_seed(sampling_params.seed) if sampling_params.seed is not None else None
+        )
+        self.first_token_time: float | None = None
+        self.queue_start = time.perf_counter()
+
+    # ------------------------------------------------------------------ views
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.prompt_key + self.output_ids
+
+    @property
+    def kv_len(self) -> int:
+        return int(self.kv_indices.numel())
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_input_ids)
+
+    def is_prefilling(self) -> bool:
+        """True while part of fill_ids (minus the newest token during decode) lacks KV."""
+        return self.kv_len < len(self.fill_ids) - (1 if self.output_ids else 0)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def model_input_ids(self, start: int, end: int) -> list[int]:
+        """Token ids fed to the model: real ids (image tokens keep the image token id; the embedding
+        routine finds images by offsets, never by value)."""
+        return (self.origin_input_ids + self.output_ids)[start:end]
+
+    def positions(self, start: int, end: int) -> torch.Tensor:
+        return compute_positions(self.mm_inputs, self.prompt_len, start, end)
+
+    def remaining_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens - len(self.output_ids)
+
+    def __repr__(self) -> str:
+        return f"Req(rid={self.rid}, kv={self.kv_len}, fill={len(self.fill_ids)}, out={len(self.output_ids)})"
+
+
+@dataclass
+class ScheduleBatch:
+    """Requests run together in one forward step, with what each contributes."""
+
+    mode: ForwardMode
+    reqs: list[Req]
+    extend_lens: list[int] = field(default_factory=list)  # EXTEND: tokens per request this step
+    prefix_lens: list[int] = field(default_factory=list)  # EXTEND: KV already present per request
+    out_cache_loc: torch.Tensor | None = None
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def to_forward_batch(self, req_to_token: torch.Tensor, device) -> ForwardBatch:
+        ids: list[int] = []
+        pos: list[torch.Tensor] = []
+        seq_lens: list[int] = []
+        if self.mode.is_extend():
+            for r, pre, n in zip(self.reqs, self.prefix_lens, self.extend_lens):
+                ids += r.model_input_ids(pre, pre + n)
+                pos.append(r.positions(pre, pre + n))
+                seq_lens.append(pre + n)
+        else:
+            for r in self.reqs:
+                n = r.kv_len  # the new token's KV slot is already appended
+                ids.append(r.output_ids[-1])
+                pos.append(r.positions(n - 1, n))
+                seq_lens.append(n)
+        return ForwardBatch(
+            forward_mode=self.mode,
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            positions=torch.cat(pos, dim=1).to(device),
+            req_pool_indices=torch.tensor([r.req_pool_idx for r in self.reqs], device=device),
+            seq_lens=torch.tensor(seq_lens, device=device),
+            out_cache_loc=self.out_cache_loc.to(device),
+            seq_lens_cpu=seq_lens,
+            extend_seq_lens_cpu=list(self.extend_lens),
+            extend_prefix_lens_cpu=list(self.prefix_lens),
+            mm_inputs=[r.mm_inputs for r in self.reqs] if self.mode.is_extend() else [],
+        )

@@ -1,0 +1,372 @@
+"""The scheduler process of one TP rank: receives requests (rank 0 from the tokenizer manager,
+broadcast to the other ranks), forms prefill / decode batches, runs them, and streams token ids
+to the detokenizer. The loop itself is small; policy and KV bookkeeping live in their own files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import torch
+import zmq
+
+from sglang.srt.distributed.communication_op import broadcast_pyobj
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchTokenIDOut,
+    FinishReason,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GetServerInfoReq,
+    GetServerInfoReqOutput,
+    SchedulerDied,
+    SchedulerReady,
+    TokenizedGenerateReqInput,
+)
+from sglang.srt.managers.mm_utils import pad_input_ids
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import PrefillAdder, decode_reserve, order_waiting
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.mem_cache.cache_manager import KVCacheManager
+from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.multimodal.hashing import ensure_item_hashes
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs | None, tp: TPInfo = SINGLE_RANK):
+        self.server_args = server_args
+        self.tp = tp
+        model_path = server_args.resolved_model_path()
+        self.worker = TpModelWorker(server_args, model_path, tp)
+        runner = self.worker.model_runner
+        self.model_config = runner.model_config
+        self.context_length = runner.context_length
+        self.max_total_num_tokens = runner.max_total_num_tokens
+        self.tree = RadixCache(runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache)
+        self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree)
+        self.eos_ids = set(self.model_config.eos_token_ids)
+        self._tokenizer = None
+        self._tokenizer_path = server_args.tokenizer_path or model_path
+
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.outbox: list[Req] = []  # requests with tokens (or a finish) to send this step
+        self.num_retractions = 0
+        self.last_progress = time.monotonic()
+
+        self.recv_socket = self.send_socket = None
+        if port_args is not None and tp.rank == 0:
+            ctx = zmq.Context(1)
+            self.recv_socket = ctx.socket(zmq.PULL)
+            self.recv_socket.bind(port_args.scheduler_input_ipc_name)
+            self.send_socket = ctx.socket(zmq.PUSH)
+            self.send_socket.connect(port_args.detokenizer_ipc_name)
+
+    # ------------------------------------------------------------------ input
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+        return self._tokenizer
+
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked_req)
+
+    def recv_requests(self) -> list:
+        msgs = []
+        if self.recv_socket is not None:
+            if self.is_idle() and not self.recv_socket.poll(timeout=1000):
+                return broadcast_pyobj([], self.tp)
+            while True:
+                try:
+                    msgs.append(self.recv_socket.recv_pyobj(zmq.NOBLOCK))
+                except zmq.ZMQError:
+                    break
+        return broadcast_pyobj(msgs, self.tp)
+
+    def process_input_requests(self, msgs: list) -> None:
+        for msg in msgs:
+            if isinstance(msg, TokenizedGenerateReqInput):
+                self.handle_generate_request(msg)
+            elif isinstance(msg, AbortReq):
+                self.handle_abort(msg.rid, msg.reason)
+            elif isinstance(msg, FlushCacheReq):
+                self.send(self.flush_cache())
+            elif isinstance(msg, GetServerInfoReq):
+                self.send(GetServerInfoReqOutput(self.get_info()))
+            else:
+                logger.error("scheduler dropped an unknown message %r", type(msg).__name__)
+
+    def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
+        req = Req(recv.rid, recv.input_ids, recv.sampling_params, recv.mm_inputs, recv.stream,
+                  recv.created_time, recv.stage_timings_ms)
+        error = self._validate(req)
+        if error:
+            self.finish(req, FinishReason("abort", message=error, status_code=400))
+            return
+        if req.mm_inputs is not None and req.mm_inputs.mm_items:
+            # Baseline: every image is hashed here, in the scheduler loop, when the request arrives.
+            ensure_item_hashes(req.mm_inputs)
+            req.prompt_key = pad_input_ids(req.origin_input_ids, req.mm_inputs)
+        self.waiting.append(req)
+
+    def _validate(self, req: Req) -> str | None:
+        n = req.prompt_len
+        if n == 0:
+            return "the prompt is empty"
+        if n >= self.context_length:
+            return f"the prompt has {n} tokens; the context length is {self.context_length}"
+        if n + 1 > self.max_total_num_tokens:
+            return f"the prompt needs {n + 1} KV slots; the KV cache holds {self.max_total_num_tokens}"
+        items = req.mm_inputs.mm_items if req.mm_inputs is not None else []
+        if len(items) > self.server_args.limit_mm_per_prompt:
+            return f"{len(items)} images exceed --limit-mm-per-prompt {self.server_args.limit_mm_per_prompt}"
+        try:
+            req.sampling_params.verify()
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def handle_abort(self, rid: str, reason: str) -> None:
+        for i, req in enumerate(self.waiting):
+            if req.rid == rid:
+                del self.waiting[i]
+                self.kv.release(req)
+                self.finish(req, FinishReason("abort", message=reason))
+                return
+        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
+            if req.rid == rid:
+                req.to_abort = FinishReason("abort", message=reason)  # applied between steps
+
+    # ------------------------------------------------------------------ scheduling
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        self._apply_aborts()
+        batch = self.get_new_batch_prefill()
+        if batch is not None:
+            return batch
+        return self.update_running_batch()
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        args = self.server_args
+        chunking = args.chunked_prefill_size > 0
+        step = args.chunked_prefill_size if chunking else args.max_prefill_tokens
+        adder = PrefillAdder(self.kv, self.running, step, args.max_running_requests, chunking)
+        if self.chunked_req is not None:
+            adder.free_running += 1  # the chunked request's slot is already its own
+            if not adder.add(self.chunked_req):
+                return None
+        candidates = order_waiting(self.waiting, args.schedule_policy, self.kv)
+        for req in candidates:
+            if not adder.add(req):
+                break
+        if not adder.reqs:
+            return None
+        admitted = {id(r) for r in adder.reqs}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        reqs, lens = [], []
+        for req, n in zip(adder.reqs, adder.extend_lens):
+            if n == 0:  # a retracted request whose whole history is cached: straight back to decode
+                self.running.append(req)
+                continue
+            reqs.append(req)
+            lens.append(n)
+        if not reqs:
+            return None
+        batch = ScheduleBatch(ForwardMode.EXTEND, reqs, extend_lens=lens, prefix_lens=[r.kv_len for r in reqs])
+        batch.out_cache_loc = torch.cat([self.kv.extend(r, n) for r, n in zip(reqs, lens)])
+        return batch
+
+    def update_running_batch(self) -> ScheduleBatch | None:
+        if not self.running:
+            return None
+        while self.kv.available_tokens() < len(self.running) and len(self.running) > 1:
+            self._retract(self.running.pop())
+        locs = [self.kv.extend(r, 1) for r in self.running]
+        batch = ScheduleBatch(ForwardMode.DECODE, list(self.running))
+        batch.out_cache_loc = torch.cat(locs)
+        return batch
+
+    def _retract(self, req: Req) -> None:
+        """Out of KV for decoding: free this request's KV (its prefix goes to the radix cache) and
+        requeue it at the front; it re-prefills prompt + outputs later, output so far intact."""
+        self.kv.release(req)
+        self.waiting.insert(0, req)
+        self.num_retractions += 1
+        logger.warning("KV cache full: retracted %s (%d retractions so far)", req.rid, self.num_retractions)
+
+    def _apply_aborts(self) -> None:
+        for req in [r for r in self.running if r.to_abort]:
+            self.running.remove(req)
+            self.finish(req, req.to_abort)
+        if self.chunked_req is not None and self.chunked_req.to_abort:
+            req, self.chunked_req = self.chunked_req, None
+            self.finish(req, req.to_abort)
+
+    # ------------------------------------------------------------------ results
+    def run_batch(self, batch: ScheduleBatch) -> None:
+        next_ids = self.worker.forward_batch_generation(batch)
+        self.last_progress = time.monotonic()
+        now = time.perf_counter()
+        if batch.mode.is_extend():
+            self.chunked_req = None
+            for req, tok in zip(batch.reqs, next_ids):
+                if req.is_prefilling():
+                    self.chunked_req = req
+                    continue
+                if req.output_ids:  # re-prefill after retraction: its next token is already known
+                    self.running.append(req)
+                    continue
+                req.first_token_time = now
+                self._append_token(req, tok)
+                if not req.finished():
+                    self.running.append(req)
+        else:
+            for req, tok in zip(batch.reqs, next_ids):
+                self._append_token(req, tok)
+            self.running = [r for r in self.running if not r.finished()]
+
+    def _append_token(self, req: Req, tok: int) -> None:
+        req.output_ids.append(tok)
+        reason = self._check_finished(req, tok)
+        if reason is not None:
+            self.finish(req, reason)
+        elif req.stream and len(req.output_ids) - req.sent_len >= self.server_args.stream_interval:
+            self.outbox.append(req)
+
+    def _check_finished(self, req: Req, tok: int) -> FinishReason | None:
+        sp = req.sampling_params
+        if tok in self.eos_ids and not sp.ignore_eos:
+            return FinishReason("stop", matched=tok)
+        if tok in sp.stop_token_ids:
+            return FinishReason("stop", matched=tok)
+        if sp.stop:
+            tail = self.tokenizer.decode(req.output_ids[-(8 + max(len(s) for s in sp.stop)) :])
+            for s in sp.stop:
+                if s in tail:
+                    return FinishReason("stop", matched=s)
+        if len(req.output_ids) >= sp.max_new_tokens:
+            return FinishReason("length")
+        if req.prompt_len + len(req.output_ids) >= self.context_length:
+            return FinishReason("length")
+        return None
+
+    def finish(self, req: Req, reason: FinishReason) -> None:
+        req.finished_reason = reason
+        self.kv.release(req)
+        self.outbox.append(req)
+
+    def flush_outputs(self) -> None:
+        if not self.outbox or self.tp.rank != 0:
+            self.outbox.clear()
+            return
+        seen, reqs = set(), []
+        for r in self.outbox:
+            if id(r) not in seen:
+                seen.add(id(r))
+                reqs.append(r)
+        self.outbox.clear()
+        out = BatchTokenIDOut([], [], [], [], [], [], [], [])
+        for r in reqs:
+            out.rids.append(r.rid)
+            out.new_token_ids.append(r.output_ids[r.sent_len :])
+            r.sent_len = len(r.output_ids)
+            out.finished_reasons.append(r.finished_reason)
+            out.prompt_tokens.append(r.prompt_len)
+            out.completion_tokens.append(len(r.output_ids))
+            out.cached_tokens.append(r.cached_tokens)
+            out.skip_special_tokens.append(r.sampling_params.skip_special_tokens)
+            out.meta_info.append(self._meta_info(r))
+        self.send(out)
+
+    def _meta_info(self, req: Req) -> dict:
+        meta = {"prompt_tokens": req.prompt_len, "completion_tokens": len(req.output_ids),
+                "cached_tokens": req.cached_tokens}
+        if req.stage_timings_ms:
+            meta["stage_timings_ms"] = dict(req.stage_timings_ms)
+        return meta
+
+    def send(self, obj) -> None:
+        if self.send_socket is not None:
+            self.send_socket.send_pyobj(obj)
+
+    # ------------------------------------------------------------------ control
+    def flush_cache(self) -> FlushCacheReqOutput:
+        if not self.is_idle():
+            return FlushCacheReqOutput(False, "requests are running; flush the cache when the server is idle")
+        self.tree.reset()
+        self.worker.model_runner.mm_embedding_cache.clear()
+        return FlushCacheReqOutput(True)
+
+    def get_info(self) -> dict:
+        return {
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "available_kv_tokens": self.kv.available_tokens(),
+            "free_kv_tokens": self.kv.allocator.available_size(),
+            "radix_cache_tokens": self.tree.total_size(),
+            "num_running_reqs": len(self.running) + (1 if self.chunked_req else 0),
+            "num_waiting_reqs": len(self.waiting),
+            "free_req_slots": self.kv.req_to_token_pool.available_size(),
+            "num_retractions": self.num_retractions,
+            "context_length": self.context_length,
+            "mm_embedding_cache_bytes": self.worker.model_runner.mm_embedding_cache.current_bytes,
+        }
+
+    # ------------------------------------------------------------------ loop
+    def step(self) -> bool:
+        """One scheduling step; returns whether a batch ran."""
+        self.process_input_requests(self.recv_requests())
+        batch = self.get_next_batch_to_run()
+        if batch is not None:
+            self.run_batch(batch)
+        self.flush_outputs()
+        return batch is not None
+
+    def event_loop(self) -> None:
+        while True:
+            self.step()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exits this process when its parent is gone, so no scheduler outlives the server."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        time.sleep(1.0)
+
+
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer) -> None:
+    logging.basicConfig(
+        level=getattr(logging, server_args.log_level.upper()),
+        format=f"[%(asctime)s TP{tp_rank}] %(levelname)s %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    torch.manual_seed(server_args.random_seed)
+    try:
+        if server_args.tp_size != 1:
+            raise NotImplementedError("--tp-size > 1 is not available yet")
+        scheduler = Scheduler(server_args, port_args, SINGLE_RANK)
+        ready_writer.send(SchedulerReady(scheduler.max_total_num_tokens, scheduler.context_length - 1,
+                                         scheduler.context_length))
+    except Exception as e:
+        traceback.print_exc()
+        ready_writer.send(SchedulerDied(f"scheduler failed to start: {type(e).__name__}: {e}"))
+        sys.exit(1)
+    try:
+        scheduler.event_loop()
+    except Exception:
+        logger.error("scheduler crashed:\n%s", traceback.format_exc())
+        sys.exit(1)

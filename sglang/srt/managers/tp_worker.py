@@ -1,0 +1,46 @@
+"""One TP rank's model worker: runs a scheduled batch through the model and samples next tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.layers.sampler import Sampler, SamplingBatchInfo
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
+from sglang.srt.server_args import ServerArgs
+
+
+class TpModelWorker:
+    def __init__(self, server_args: ServerArgs, model_path: str, tp: TPInfo = SINGLE_RANK):
+        self.tp = tp
+        self.model_runner = ModelRunner(
+            ModelRunnerConfig(
+                model_path=model_path,
+                dtype=server_args.dtype,
+                device=server_args.resolved_device(),
+                max_total_tokens=server_args.max_total_tokens,
+                mem_fraction_static=server_args.mem_fraction_static,
+                max_running_requests=server_args.max_running_requests + 1,
+                context_length=server_args.context_length,
+                attention_backend=server_args.attention_backend,
+            ),
+            tp,
+        )
+        self.sampler = Sampler(server_args.random_seed)
+        self.vocab_size = self.model_runner.model_config.text.vocab_size
+
+    @torch.inference_mode()
+    def forward_batch_generation(self, batch: ScheduleBatch) -> list[int]:
+        """Runs the batch; returns one sampled token per request (meaningful only for requests
+        whose prompt is complete after this step)."""
+        runner = self.model_runner
+        fb = batch.to_forward_batch(runner.req_to_token_pool.req_to_token, runner.device)
+        out = runner.forward(fb)
+        info = SamplingBatchInfo.from_params(
+            [r.sampling_params for r in batch.reqs],
+            [r.generator for r in batch.reqs],
+            self.vocab_size,
+            runner.device,
+        )
+        return self.sampler(out.next_token_logits, info).tolist()

@@ -1,0 +1,94 @@
+"""KV bookkeeping for scheduler requests: request slots, token slots (evicting from the prefix
+cache when short), and handing finished prefixes to the radix tree.
+
+Invariant: every KV slot is owned by exactly one of: the allocator's free list, the radix tree,
+or one request's private tail `req.kv_indices[req.cache_len:]`."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache
+
+
+class OutOfKVSlots(RuntimeError):
+    pass
+
+
+class KVCacheManager:
+    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree: RadixCache):
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = allocator
+        self.tree = tree
+
+    def available_tokens(self) -> int:
+        """Slots obtainable now: free ones plus unlocked cached ones that can be evicted."""
+        return self.allocator.available_size() + self.tree.evictable_size()
+
+    def alloc_tokens(self, n: int) -> torch.Tensor:
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.tree.evict(short)
+        loc = self.allocator.alloc(n)
+        if loc is None:
+            raise OutOfKVSlots(f"need {n} KV slots, {self.allocator.available_size()} free")
+        return loc
+
+    def peek_prefix_len(self, req) -> int:
+        if req.admitted:
+            return req.kv_len
+        return int(self.tree.match_prefix(req.fill_ids[:-1]).indices.numel())
+
+    def admit(self, req) -> bool:
+        """Takes a request slot and the cached prefix of its key; False when no slot is free."""
+        idx = self.req_to_token_pool.alloc()
+        if idx is None:
+            return False
+        match = self.tree.match_prefix(req.fill_ids[:-1])
+        req.req_pool_idx = idx
+        req.kv_indices = match.indices.to(torch.int64)
+        req.cache_len = req.kv_len
+        if not req.output_ids:
+            req.cached_tokens = req.cache_len  # what the client is told was served from cache
+        req.last_node = match.last_node
+        self.tree.inc_lock_ref(req.last_node)
+        if req.kv_len:
+            self.req_to_token_pool.req_to_token[idx, : req.kv_len] = req.kv_indices.to(
+                self.req_to_token_pool.req_to_token.device
+            )
+        req.admitted = True
+        return True
+
+    def extend(self, req, n: int) -> torch.Tensor:
+        """Allocates `n` slots after the request's current KV and records them in its row."""
+        loc = self.alloc_tokens(n)
+        start = req.kv_len
+        self.req_to_token_pool.req_to_token[req.req_pool_idx, start : start + n] = loc.to(
+            self.req_to_token_pool.req_to_token.device
+        )
+        req.kv_indices = torch.cat([req.kv_indices, loc.cpu()])
+        return loc
+
+    def release(self, req) -> None:
+        """Gives the request's KV prefix to the radix tree (duplicates and the unaligned tail are
+        freed), unlocks its cached prefix and frees its request slot. Safe to call once per admission."""
+        if not req.admitted:
+            return
+        kv = req.kv_indices
+        key = req.fill_ids[: kv.numel()]
+        already = self.tree.insert(key, kv)
+        inserted = 0 if self.tree.disable else (len(key) // self.tree.page_size) * self.tree.page_size
+        # positions [cache_len, already) duplicate the tree's own slots; [inserted, end) were not taken
+        if already > req.cache_len:
+            self.allocator.free(kv[req.cache_len : already])
+        if inserted < kv.numel():
+            self.allocator.free(kv[max(inserted, req.cache_len) :])
+        self.tree.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx = -1
+        req.kv_indices = torch.empty(0, dtype=torch.int64)
+        req.cache_len = 0
+        req.last_node = None
+        req.admitted = False

@@ -1,0 +1,149 @@
+"""The scheduler end to end in one process: continuous batching, chunked prefill, prefix cache with
+image pad values, retraction, aborts and stop conditions, checked against the static-batch runner
+(itself checked against transformers) and for KV leaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scheduler_utils import InProcessScheduler
+from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
+from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor
+
+PLACEHOLDER = [151652, 151655, 151653]
+
+
+def _noise(w, h, seed):
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    path = str(tiny_model_dir("qwen3-vl-tiny"))
+    proc = QwenVLProcessor(None, QwenVLImageProcessor(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3,
+                                                      min_pixels=4 * 32 * 32, max_pixels=48 * 32 * 32))
+    runner = ModelRunner(ModelRunnerConfig(model_path=path, dtype="float32", max_total_tokens=4096))
+    return path, proc, StaticBatchRunner(runner)
+
+
+def _text(n, seed):
+    return torch.randint(0, 1500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _prompts(proc):
+    return [
+        (_text(12, 0), None),
+        proc.process(_text(5, 1) + PLACEHOLDER + _text(7, 2), [_noise(96, 64, 1)]),
+        proc.process(PLACEHOLDER + _text(3, 3) + PLACEHOLDER + _text(6, 4), [_noise(64, 64, 2), _noise(40, 130, 3)]),
+        proc.process(_text(9, 5) + PLACEHOLDER, [_noise(64, 96, 4)]),
+    ]
+
+
+def _reference(sb, prompts, n):
+    out = []
+    for ids, mm in prompts:
+        seq = StaticSeq(ids, mm)
+        out.append(sb.generate_greedy([seq], n)[0])
+        sb.release([seq])
+    return out
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(chunked_prefill_size=7), dict(disable_radix_cache=True), dict(page_size=4, chunked_prefill_size=16),
+     dict(max_running_requests=2)],
+    ids=["default", "chunk7", "no_radix", "page4", "max_running2"],
+)
+def test_greedy_outputs_equal_static_batch(model, kw):
+    path, proc, sb = model
+    prompts = _prompts(proc)
+    ref = _reference(sb, prompts, 6)
+    s = InProcessScheduler(path, **kw)
+    rids = [s.submit(ids, mm, max_new_tokens=6, ignore_eos=True) for ids, mm in prompts]
+    s.run_until_idle()
+    assert [s.outputs[r] for r in rids] == ref
+    assert all(s.finished[r].type == "length" for r in rids)
+    s.assert_no_leak()
+
+
+def test_retraction_under_tiny_kv_budget_keeps_outputs(model, monkeypatch):
+    from sglang.srt.managers import schedule_policy
+
+    # admit optimistically (as a decode-length estimate can be), so decoding runs out of KV
+    monkeypatch.setattr(schedule_policy, "DECODE_RESERVE_CLIP", 1)
+    path, proc, sb = model
+    prompts = [(_text(40, 10 + i), None) for i in range(4)]
+    ref = _reference(sb, prompts, 24)
+    s = InProcessScheduler(path, max_total_tokens=150, chunked_prefill_size=32)
+    rids = [s.submit(ids, None, max_new_tokens=24, ignore_eos=True) for ids, _ in prompts]
+    s.run_until_idle()
+    assert s.sched.num_retractions > 0, "the budget should force at least one retraction"
+    assert [s.outputs[r] for r in rids] == ref
+    s.assert_no_leak()
+
+
+def test_prefix_cache_hits_same_image_only(model):
+    path, proc, _ = model
+    s = InProcessScheduler(path)
+    text_before = _text(10, 20)
+    a = proc.process(text_before + PLACEHOLDER + _text(4, 21), [_noise(96, 64, 7)])
+    b = proc.process(text_before + PLACEHOLDER + _text(4, 21), [_noise(96, 64, 8)])
+    r1 = s.submit(*a, max_new_tokens=2)
+    s.run_until_idle()
+    r2 = s.submit(*a, max_new_tokens=2)
+    s.run_until_idle()
+    r3 = s.submit(*b, max_new_tokens=2)
+    s.run_until_idle()
+    assert s.meta[r1]["cached_tokens"] == 0
+    assert s.meta[r2]["cached_tokens"] == len(a[0]) - 1  # everything but the last prompt token
+    assert s.meta[r3]["cached_tokens"] == len(text_before) + 1  # up to <|vision_start|>, then the image differs
+    s.assert_no_leak()
+
+
+def test_abort_while_decoding_and_waiting_frees_everything(model):
+    path, proc, _ = model
+    s = InProcessScheduler(path, max_running_requests=1)
+    r1 = s.submit(_text(20, 30), None, max_new_tokens=50, ignore_eos=True, stream=True)
+    r2 = s.submit(_text(20, 31), None, max_new_tokens=50, ignore_eos=True)
+    for _ in range(3):
+        s.step()
+    assert s.outputs[r1], "streamed tokens arrive before the end"
+    s.sched.handle_abort(r1, "client gone")
+    s.sched.handle_abort(r2, "client gone")
+    s.run_until_idle()
+    assert s.finished[r1].type == "abort" and s.finished[r2].type == "abort"
+    s.assert_no_leak()
+
+
+def test_stop_conditions(model):
+    path, proc, sb = model
+    ids = _text(15, 40)
+    (ref,) = _reference(sb, [(ids, None)], 8)
+    s = InProcessScheduler(path)
+    r1 = s.submit(ids, None, max_new_tokens=8, stop_token_ids=[ref[3]], ignore_eos=True)
+    text = s.sched.tokenizer.decode(ref[:5])
+    r2 = s.submit(ids, None, max_new_tokens=8, stop=[text[-3:]], ignore_eos=True)
+    s.run_until_idle()
+    assert s.outputs[r1] == ref[: ref.index(ref[3]) + 1] and s.finished[r1].matched == ref[3]
+    assert s.finished[r2].type == "stop" and s.finished[r2].matched == text[-3:]
+    assert len(s.outputs[r2]) <= 5
+
+
+def test_bad_requests_are_rejected_with_400(model):
+    path, proc, _ = model
+    s = InProcessScheduler(path, context_length=64, limit_mm_per_prompt=1)
+    r1 = s.submit(_text(80, 50), None, max_new_tokens=4)
+    r2 = s.submit([], None, max_new_tokens=4)
+    r3 = s.submit(_text(5, 51), None, max_new_tokens=0)
+    ids, mm = proc.process(PLACEHOLDER + PLACEHOLDER + _text(3, 52), [_noise(64, 64, 1), _noise(64, 64, 2)])
+    r4 = s.submit(ids, mm, max_new_tokens=4)
+    s.run_until_idle()
+    for rid, word in [(r1, "context length"), (r2, "empty"), (r3, "max_new_tokens"), (r4, "limit-mm-per-prompt")]:
+        assert s.finished[rid].type == "abort" and s.finished[rid].status_code == 400
+        assert word in s.finished[rid].message
+    s.assert_no_leak()
