@@ -192,7 +192,8 @@ class Scheduler:
     def update_running_batch(self) -> ScheduleBatch | None:
         if not self.running:
             return None
-        while self.kv.available_tokens() < len(self.running) and len(self.running) > 1:
+        ps = self.kv.allocator.page_size
+        while len(self.running) > 1 and self.kv.available_tokens() < ps * sum(r.kv_len % ps == 0 for r in self.running):
             self._retract(self.running.pop())
         locs = [self.kv.extend(r, 1) for r in self.running]
         batch = ScheduleBatch(ForwardMode.DECODE, list(self.running))

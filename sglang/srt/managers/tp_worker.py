@@ -24,6 +24,7 @@ class TpModelWorker:
                 max_running_requests=server_args.max_running_requests + 1,
                 context_length=server_args.context_length,
                 attention_backend=server_args.attention_backend,
+                page_size=server_args.page_size,
             ),
             tp,
         )

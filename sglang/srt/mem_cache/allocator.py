@@ -1,4 +1,8 @@
-"""Free-slot allocator over the token KV pool (slot 0 is never handed out)."""
+"""Free-slot allocator over the token KV pool, in pages of `page_size` slots.
+
+Slot s belongs to page s // page_size; page 0 is never handed out (slot 0 is the padding sink).
+Each page has one owner at a time (a request's tail or the radix tree), so freeing any slot of a
+page returns the whole page."""
 
 from __future__ import annotations
 
@@ -6,23 +10,29 @@ import torch
 
 
 class TokenToKVPoolAllocator:
-    def __init__(self, size: int, device: str | torch.device = "cpu"):
-        self.size = size
+    def __init__(self, size: int, device: str | torch.device = "cpu", page_size: int = 1):
+        self.page_size = page_size
+        self.num_pages = size // page_size
+        self.size = self.num_pages * page_size
         self.device = device
         self.clear()
 
     def clear(self) -> None:
-        self._free = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64)
 
     def available_size(self) -> int:
-        return int(self._free.numel())
+        return int(self._free_pages.numel()) * self.page_size
 
     def alloc(self, n: int) -> torch.Tensor | None:
-        if n > self._free.numel():
+        """`n` slots filling whole fresh pages from their start (the last page may be partly used)."""
+        pages = -(-n // self.page_size)
+        if pages > self._free_pages.numel():
             return None
-        out, self._free = self._free[:n], self._free[n:]
-        return out
+        taken, self._free_pages = self._free_pages[:pages], self._free_pages[pages:]
+        slots = (taken[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+        return slots[:n]
 
     def free(self, indices: torch.Tensor) -> None:
         if indices.numel():
-            self._free = torch.cat([self._free, indices.to(self._free.device)])
+            pages = torch.unique(indices.cpu() // self.page_size)
+            self._free_pages = torch.cat([self._free_pages, pages])

@@ -28,7 +28,8 @@ class KVCacheManager:
         return self.allocator.available_size() + self.tree.evictable_size()
 
     def alloc_tokens(self, n: int) -> torch.Tensor:
-        short = n - self.allocator.available_size()
+        ps = self.allocator.page_size
+        short = -(-n // ps) * ps - self.allocator.available_size()
         if short > 0:
             self.tree.evict(short)
         loc = self.allocator.alloc(n)
@@ -62,9 +63,13 @@ class KVCacheManager:
         return True
 
     def extend(self, req, n: int) -> torch.Tensor:
-        """Allocates `n` slots after the request's current KV and records them in its row."""
-        loc = self.alloc_tokens(n)
+        """Allocates `n` slots after the request's current KV and records them in its row. With
+        pages, the request first fills the rest of its own last page."""
         start = req.kv_len
+        ps = self.allocator.page_size
+        in_page = min(n, (ps - start % ps) % ps) if start > req.cache_len else 0
+        tail = req.kv_indices[-1] + 1 + torch.arange(in_page) if in_page else torch.empty(0, dtype=torch.int64)
+        loc = torch.cat([tail, self.alloc_tokens(n - in_page)]) if n > in_page else tail
         self.req_to_token_pool.req_to_token[req.req_pool_idx, start : start + n] = loc.to(
             self.req_to_token_pool.req_to_token.device
         )

@@ -29,6 +29,7 @@ class ModelRunnerConfig:
     max_running_requests: int = 64
     context_length: int | None = None
     attention_backend: str = "torch_native"
+    page_size: int = 1
 
 
 class ModelRunner:
@@ -45,10 +46,11 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests, self.context_length, self.device)
         bytes_per_token = 2 * text.num_hidden_layers * attn.num_kv_heads * text.head_dim * self.dtype.itemsize
         self.max_total_num_tokens = self._kv_budget(bytes_per_token)
+        self.max_total_num_tokens -= self.max_total_num_tokens % cfg.page_size
         self.token_to_kv_pool = MHATokenToKVPool(
-            self.max_total_num_tokens, attn.num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
+            self.max_total_num_tokens + cfg.page_size - 1, attn.num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
         )
-        self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device)
+        self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device, cfg.page_size)
         self.attn_backend = create_attention_backend(cfg.attention_backend)
         self.mm_embedding_cache = MultimodalEmbeddingCache(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024)
 

@@ -147,3 +147,25 @@ def test_bad_requests_are_rejected_with_400(model):
         assert s.finished[rid].type == "abort" and s.finished[rid].status_code == 400
         assert word in s.finished[rid].message
     s.assert_no_leak()
+
+
+def test_paged_allocation_keeps_requests_on_whole_pages(model):
+    path, proc, sb = model
+    prompts = _prompts(proc)
+    ref = _reference(sb, prompts, 5)
+    s = InProcessScheduler(path, page_size=8, chunked_prefill_size=13)
+    rids = [s.submit(ids, mm, max_new_tokens=5, ignore_eos=True) for ids, mm in prompts]
+    seen_pages = {}
+    while not s.sched.is_idle():
+        s.step()
+        for r in s.sched.running:
+            pages = (r.kv_indices // 8).tolist()
+            positions = list(range(r.kv_len))
+            # token i of a request lives in page slot i % 8 of its (i // 8)-th page
+            assert [int(k) % 8 for k in r.kv_indices] == [p % 8 for p in positions]
+            assert len(set(pages)) == -(-r.kv_len // 8)
+            seen_pages[r.rid] = pages
+    s._drain()
+    assert [s.outputs[r] for r in rids] == ref
+    assert seen_pages
+    s.assert_no_leak()
