@@ -16,20 +16,31 @@ ALPHABET = [1, 2, 10**12 + 7]  # small so prefixes collide; the last stands for 
 
 
 class CheckedAllocator(TokenToKVPoolAllocator):
-    """Fails on a double free or a free of a slot outside the pool; logs what was freed."""
+    """Mirrors the free set through the public API; fails on a double free or on handing out a
+    slot that is not free; logs what was freed."""
 
     def __init__(self, size):
         super().__init__(size)
+        self.free_set = set(range(1, size + 1))
         self.freed: list[int] = []
+
+    def alloc(self, n):
+        out = super().alloc(n)
+        if out is not None:
+            idx = out.tolist()
+            assert len(idx) == n and set(idx) <= self.free_set, "handed out a slot that is not free"
+            self.free_set -= set(idx)
+        return out
 
     def free(self, indices):
         idx = indices.tolist()
-        free_now = set(self._free.tolist())
         assert len(set(idx)) == len(idx), f"duplicate slots in one free: {idx}"
-        assert not free_now & set(idx), f"double free of {sorted(free_now & set(idx))}"
+        assert not self.free_set & set(idx), f"double free of {sorted(self.free_set & set(idx))}"
         assert all(1 <= i <= self.size for i in idx)
+        self.free_set |= set(idx)
         self.freed.extend(idx)
         super().free(indices)
+        assert self.available_size() == len(self.free_set)
 
 
 keys = st.lists(st.sampled_from(ALPHABET), max_size=12)
@@ -48,8 +59,7 @@ def programs(draw):
     out = []
     for _ in range(draw(st.integers(4, 50))):
         op = draw(st.sampled_from(["start", "start", "finish", "finish", "match", "evict"]))
-        arg = {"start": key, "match": key}.get(op, lambda: draw(st.integers(0, 12)))()
-        out.append((op, arg))
+        out.append((op, key() if op in ("start", "match") else draw(st.integers(0, 12))))
     return out
 
 
@@ -131,7 +141,7 @@ class Harness:
         nodes = [n for n in c._nodes() if n is not c.root]
         tree = [s for n in nodes for s in n.value.tolist()]
         held = [s for key, cached, slots, _ in self.running for s in slots[cached:].tolist()]
-        everything = Counter(tree + held + self.alloc._free.tolist())
+        everything = Counter(tree + held + list(self.alloc.free_set))
         assert everything == Counter(range(1, POOL + 1)), "slot leaked or duplicated"
         assert sorted(tree) == sorted(s for v in self.model.values() for s in v)
         assert c.evictable_size() == sum(len(n.key) for n in nodes if n.lock_ref == 0)

@@ -10,8 +10,20 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 PAD = 151655 * 1000  # a large image pad value: just another int to the tree
 
 
+class RecordingAllocator(TokenToKVPoolAllocator):
+    """Logs every freed slot, in order (public API only)."""
+
+    def __init__(self, size):
+        super().__init__(size)
+        self.freed: list[int] = []
+
+    def free(self, indices):
+        self.freed.extend(indices.tolist())
+        super().free(indices)
+
+
 def make(size=64, page_size=1, disable=False):
-    alloc = TokenToKVPoolAllocator(size)
+    alloc = RecordingAllocator(size)
     return alloc, RadixCache(alloc, page_size=page_size, disable=disable)
 
 
@@ -129,12 +141,12 @@ def test_eviction_is_lru():
     b = put(alloc, cache, [2, 2])
     c = put(alloc, cache, [3, 3])
     cache.match_prefix([1, 1])  # a is now the most recent
-    start = alloc.available_size()
+    alloc.freed.clear()
     assert cache.evict(2) == 2
-    assert alloc._free[start:].tolist() == b.tolist()
+    assert alloc.freed == b.tolist()
     assert cache.match_prefix([2, 2]).indices.numel() == 0
     assert cache.evict(1) == 2
-    assert alloc._free[start + 2 :].tolist() == c.tolist()
+    assert alloc.freed == b.tolist() + c.tolist()
     assert cache.match_prefix([1, 1]).indices.tolist() == a.tolist()
 
 
@@ -167,7 +179,7 @@ def test_reset_frees_all_slots():
     assert alloc.available_size() < 32
     cache.reset()
     assert alloc.available_size() == 32
-    assert sorted(alloc._free.tolist()) == list(range(1, 33))
+    assert sorted(alloc.alloc(32).tolist()) == list(range(1, 33))
     assert cache.total_size() == 0 and not cache.root.children
     assert cache.match_prefix([1, 2, 3]).indices.numel() == 0
 
