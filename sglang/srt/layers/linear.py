@@ -15,12 +15,14 @@ from sglang.srt.distributed.communication_op import (
     tensor_model_parallel_all_reduce,
 )
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, divide
+from sglang.srt.model_loader.weight_utils import materialize
 
 
-def _copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
-    if dst.shape != src.shape:
+def _copy_checked(dst: torch.Tensor, src, what: str) -> None:
+    """Copies a checkpoint tensor (or a lazily read region of one) into a parameter slice."""
+    if tuple(dst.shape) != tuple(src.shape):
         raise ValueError(f"{what}: checkpoint shard shape {tuple(src.shape)} != parameter {tuple(dst.shape)}")
-    dst.data.copy_(src)
+    dst.data.copy_(materialize(src).to(dst.dtype))
 
 
 class LinearBase(nn.Module):

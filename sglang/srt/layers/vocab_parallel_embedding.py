@@ -8,6 +8,7 @@ from torch import nn
 
 from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.model_loader.weight_utils import materialize
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -30,7 +31,7 @@ class VocabParallelEmbedding(nn.Module):
                 f"embedding checkpoint shape {tuple(loaded.shape)} != ({self.num_embeddings}, {param.shape[1]})"
             )
         rows = self.vocab_end - self.vocab_start
-        param.data[:rows].copy_(loaded[self.vocab_start : self.vocab_end])
+        param.data[:rows].copy_(materialize(loaded.narrow(0, self.vocab_start, rows)).to(param.dtype))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

@@ -10,7 +10,7 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
-from sglang.srt.model_loader.weight_utils import iterate_weights
+from sglang.srt.model_loader.weight_utils import iterate_weights, materialize
 from sglang.srt.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -57,11 +57,11 @@ def load_weights(model: nn.Module, weights) -> set[str]:
         loader = getattr(param, "weight_loader", None)
         with torch.no_grad():
             if loader is not None:
-                loader(param, tensor.to(param.dtype), shard_id)
+                loader(param, tensor, shard_id)
             else:
-                if param.shape != tensor.shape:
+                if tuple(param.shape) != tuple(tensor.shape):
                     raise ValueError(f"{ckpt_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
-                param.data.copy_(tensor)
+                param.data.copy_(materialize(tensor).to(param.dtype))
         loaded.add(name)
     missing = set(params) - loaded
     if model.config.tie_word_embeddings:
@@ -82,6 +82,6 @@ def get_model(
     cls = get_model_class(config.architecture)
     with torch.device(device):
         model = cls(config, tp=tp, dtype=torch_dtype)
-    load_weights(model, iterate_weights(model_path))
+    load_weights(model, iterate_weights(model_path, lazy=True))
     logger.info("loaded %s from %s (%s, tp %d/%d)", config.architecture, model_path, torch_dtype, tp.rank, tp.size)
     return model.eval()
