@@ -31,3 +31,21 @@ def divide(numerator: int, denominator: int) -> int:
     if numerator % denominator != 0:
         raise ValueError(f"{numerator} is not divisible by tensor-parallel size {denominator}")
     return numerator // denominator
+
+
+def init_tp_group(tp_size: int, tp_rank: int, init_addr: str, backend: str, timeout_s: float) -> TPInfo:
+    """Joins the server's torch.distributed group (one rank per TP worker, possibly across nodes) and
+    creates the gloo CPU group used for object broadcasts. `timeout_s` bounds every collective, so a
+    dead peer makes the others fail instead of waiting forever."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if tp_size == 1:
+        return SINGLE_RANK
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(
+        backend=backend, init_method=f"tcp://{init_addr}", world_size=tp_size, rank=tp_rank, timeout=timeout
+    )
+    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    return TPInfo(rank=tp_rank, size=tp_size, group=dist.group.WORLD, cpu_group=cpu_group)

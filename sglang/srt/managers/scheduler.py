@@ -16,7 +16,7 @@ import torch
 import zmq
 
 from sglang.srt.distributed.communication_op import broadcast_pyobj
-from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, init_tp_group
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenIDOut,
@@ -43,14 +43,16 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs | None, tp: TPInfo = SINGLE_RANK):
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs | None, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0):
         self.server_args = server_args
         self.tp = tp
         model_path = server_args.resolved_model_path()
-        self.worker = TpModelWorker(server_args, model_path, tp)
+        self.worker = TpModelWorker(server_args, model_path, tp, gpu_id)
         runner = self.worker.model_runner
         self.model_config = runner.model_config
         self.context_length = runner.context_length
+        if tp.size > 1:
+            runner.shrink_kv_budget(_min_across_ranks(runner.max_total_num_tokens, tp))
         self.max_total_num_tokens = runner.max_total_num_tokens
         self.tree = RadixCache(runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache)
         self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree)
@@ -86,6 +88,7 @@ class Scheduler:
         return not (self.waiting or self.running or self.chunked_req)
 
     def recv_requests(self) -> list:
+        """Rank 0 drains the tokenizer's socket; every rank gets the same list (TP broadcast)."""
         msgs = []
         if self.recv_socket is not None:
             if self.is_idle() and not self.recv_socket.poll(timeout=1000):
@@ -340,6 +343,14 @@ class Scheduler:
             self.step()
 
 
+def _min_across_ranks(value: int, tp: TPInfo) -> int:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.cpu_group)
+    return int(t.item())
+
+
 def _watch_parent(parent_pid: int) -> None:
     """Exits this process when its parent is gone, so no scheduler outlives the server."""
     while True:
@@ -357,9 +368,19 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank:
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     torch.manual_seed(server_args.random_seed)
     try:
-        if server_args.tp_size != 1:
-            raise NotImplementedError("--tp-size > 1 is not available yet")
-        scheduler = Scheduler(server_args, port_args, SINGLE_RANK)
+        ranks_per_node = server_args.tp_size // server_args.nnodes
+        gpu_id = tp_rank % ranks_per_node
+        device = server_args.resolved_device()
+        if device == "cuda":
+            torch.cuda.set_device(gpu_id)
+        tp = init_tp_group(
+            server_args.tp_size,
+            tp_rank,
+            server_args.dist_init_addr or f"127.0.0.1:{port_args.nccl_port}",
+            "nccl" if device == "cuda" else "gloo",
+            server_args.watchdog_timeout,
+        )
+        scheduler = Scheduler(server_args, port_args, tp, gpu_id)
         ready_writer.send(SchedulerReady(scheduler.max_total_num_tokens, scheduler.context_length - 1,
                                          scheduler.context_length))
     except Exception as e:

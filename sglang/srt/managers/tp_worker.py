@@ -12,13 +12,14 @@ from sglang.srt.server_args import ServerArgs
 
 
 class TpModelWorker:
-    def __init__(self, server_args: ServerArgs, model_path: str, tp: TPInfo = SINGLE_RANK):
+    def __init__(self, server_args: ServerArgs, model_path: str, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0):
         self.tp = tp
+        device = server_args.resolved_device()
         self.model_runner = ModelRunner(
             ModelRunnerConfig(
                 model_path=model_path,
                 dtype=server_args.dtype,
-                device=server_args.resolved_device(),
+                device=f"cuda:{gpu_id}" if device == "cuda" else device,
                 max_total_tokens=server_args.max_total_tokens,
                 mem_fraction_static=server_args.mem_fraction_static,
                 max_running_requests=server_args.max_running_requests + 1,

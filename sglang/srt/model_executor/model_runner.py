@@ -54,6 +54,13 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(cfg.attention_backend)
         self.mm_embedding_cache = MultimodalEmbeddingCache(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024)
 
+    def shrink_kv_budget(self, num_tokens: int) -> None:
+        """TP ranks must agree on one KV budget (scheduling decisions are replicated): use the
+        smallest; a larger pool on this rank simply stays partly unused."""
+        if num_tokens < self.max_total_num_tokens:
+            self.max_total_num_tokens = num_tokens
+            self.allocator = TokenToKVPoolAllocator(num_tokens, self.device, self.cfg.page_size)
+
     def _kv_budget(self, bytes_per_token: int) -> int:
         if self.cfg.max_total_tokens is not None:
             return self.cfg.max_total_tokens

@@ -1,0 +1,95 @@
+"""TP=2 over gloo on CPU: same greedy tokens as TP=1 (float32), each rank holding 1/2 of the
+sharded weights, for text and multi-image prompts, with and without chunked prefill."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "managers"))
+from scheduler_utils import InProcessScheduler  # noqa: E402
+from tp_worker_main import free_port, run_rank  # noqa: E402
+
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+PLACEHOLDER = [151652, 151655, 151653]
+
+
+def _noise(w, h, seed):
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def _text(n, seed):
+    return torch.randint(0, 1500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _requests(patch: int):
+    factor = patch * 2
+    proc = QwenVLProcessor(None, QwenVLImageProcessor(patch_size=patch, min_pixels=4 * factor**2, max_pixels=48 * factor**2))
+    prompts = [
+        (_text(14, 1), None),
+        proc.process(_text(4, 2) + PLACEHOLDER + _text(3, 3) + PLACEHOLDER + _text(5, 4), [_noise(96, 64, 1), _noise(40, 130, 2)]),
+    ]
+    return [
+        TokenizedGenerateReqInput(f"q{i}", ids, SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True), mm)
+        for i, (ids, mm) in enumerate(prompts)
+    ]
+
+
+def _run_tp(args_kw, requests, size=2):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=run_rank, args=(r, size, port, args_kw, requests, q)) for r in range(size)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(size):
+            rank, outputs, info = q.get(timeout=240)
+            results[rank] = (outputs, info)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    return results
+
+
+@pytest.mark.parametrize(
+    "preset,patch,chunk",
+    [("qwen3-vl-tiny", 16, -1), ("qwen3-vl-tiny", 16, 7), ("qwen2.5-vl-tiny", 14, 9)],
+    ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked"],
+)
+def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk):
+    path = str(tiny_model_dir(preset))
+    kw = dict(model_path=path, dtype="float32", device="cpu", max_total_tokens=4096, chunked_prefill_size=chunk)
+    requests = _requests(patch)
+
+    single = InProcessScheduler(path, max_total_tokens=4096, chunked_prefill_size=chunk)
+    for r in requests:
+        single.sched.process_input_requests([r])
+        single.outputs[r.rid] = []
+    single.run_until_idle()
+    full = single.sched.worker.model_runner.model.model.layers[0]
+
+    results = _run_tp(dict(kw, tp_size=2), requests)
+    outputs, _ = results[0]
+    assert outputs == {r.rid: single.outputs[r.rid] for r in requests}
+    for rank, (_, info) in results.items():
+        assert info["gate_up_rows"] * 2 == full.mlp.gate_up_proj.weight.shape[0]
+        assert info["qkv_rows"] * 2 == full.self_attn.qkv_proj.weight.shape[0]
+        vis = single.sched.worker.model_runner.model.visual.blocks[0].attn.qkv.weight.shape[0]
+        assert info["vision_qkv_rows"] * 2 == vis
+        assert info["embed_rows"] * 2 >= single.sched.worker.model_runner.model.model.embed_tokens.weight.shape[0]
+        assert info["free_after"] == info["max_tokens"], "no KV leak on any rank"

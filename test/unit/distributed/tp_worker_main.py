@@ -1,0 +1,60 @@
+"""Entry point of one spawned TP rank for the tests: runs a Scheduler over a fixed list of
+requests (fed on rank 0, broadcast to all like the tokenizer's), returns rank 0's outputs."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, result_queue) -> None:
+    import torch
+
+    from sglang.srt.distributed.communication_op import broadcast_pyobj
+    from sglang.srt.distributed.parallel_state import init_tp_group
+    from sglang.srt.managers.io_struct import BatchTokenIDOut
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.server_args import ServerArgs
+
+    torch.set_num_threads(1)
+    tp = init_tp_group(size, rank, f"127.0.0.1:{port}", "gloo", 60)
+    sched = Scheduler(ServerArgs(**args_kw), None, tp)
+    sent = []
+    sched.send = sent.append
+    inbox = list(requests) if rank == 0 else []
+
+    def recv():
+        msgs = inbox[:] if rank == 0 else []
+        inbox.clear()
+        return broadcast_pyobj(msgs, tp)
+
+    sched.recv_requests = recv
+    while True:
+        sched.step()
+        if broadcast_pyobj(sched.is_idle() and not inbox, tp):
+            break
+    outputs: dict[str, list[int]] = {}
+    for msg in sent:
+        if isinstance(msg, BatchTokenIDOut):
+            for rid, ids in zip(msg.rids, msg.new_token_ids):
+                outputs.setdefault(rid, []).extend(ids)
+    runner = sched.worker.model_runner
+    layer = runner.model.model.layers[0]
+    shard_info = {
+        "gate_up_rows": layer.mlp.gate_up_proj.weight.shape[0],
+        "qkv_rows": layer.self_attn.qkv_proj.weight.shape[0],
+        "vision_qkv_rows": runner.model.visual.blocks[0].attn.qkv.weight.shape[0],
+        "embed_rows": runner.model.model.embed_tokens.weight.shape[0],
+        "free_after": sched.kv.available_tokens(),
+        "max_tokens": sched.max_total_num_tokens,
+    }
+    result_queue.put((rank, outputs if rank == 0 else None, shard_info))
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
