@@ -54,6 +54,7 @@ class Req:
             torch.Generator().manual_seed(sampling_params.seed) if sampling_params.seed is not None else None
         )
         self.first_token_time: float | None = None
+        self.tp_broadcast_ms = 0.0
         self.queue_start = time.perf_counter()
 
     # ------------------------------------------------------------------ views

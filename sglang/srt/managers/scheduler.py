@@ -98,7 +98,13 @@ class Scheduler:
                     msgs.append(self.recv_socket.recv_pyobj(zmq.NOBLOCK))
                 except zmq.ZMQError:
                     break
-        return broadcast_pyobj(msgs, self.tp)
+        start = time.perf_counter()
+        msgs = broadcast_pyobj(msgs, self.tp)
+        wall_ms = (time.perf_counter() - start) * 1e3
+        for msg in msgs:
+            if isinstance(msg, TokenizedGenerateReqInput):
+                msg.tp_broadcast_ms = wall_ms  # the broadcast carrying this request (all of it)
+        return msgs
 
     def process_input_requests(self, msgs: list) -> None:
         for msg in msgs:
@@ -116,6 +122,7 @@ class Scheduler:
     def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
         req = Req(recv.rid, recv.input_ids, recv.sampling_params, recv.mm_inputs, recv.stream,
                   recv.created_time, recv.stage_timings_ms)
+        req.tp_broadcast_ms = recv.tp_broadcast_ms
         error = self._validate(req)
         if error:
             self.finish(req, FinishReason("abort", message=error, status_code=400))
@@ -297,7 +304,7 @@ class Scheduler:
 
     def _meta_info(self, req: Req) -> dict:
         meta = {"prompt_tokens": req.prompt_len, "completion_tokens": len(req.output_ids),
-                "cached_tokens": req.cached_tokens}
+                "cached_tokens": req.cached_tokens, "tp_broadcast_ms": round(req.tp_broadcast_ms, 3)}
         if req.stage_timings_ms:
             meta["stage_timings_ms"] = dict(req.stage_timings_ms)
         return meta

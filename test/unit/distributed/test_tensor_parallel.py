@@ -93,3 +93,5 @@ def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk):
         assert info["vision_qkv_rows"] * 2 == vis
         assert info["embed_rows"] * 2 >= single.sched.worker.model_runner.model.model.embed_tokens.weight.shape[0]
         assert info["free_after"] == info["max_tokens"], "no KV leak on any rank"
+    assert set(results[0][1]["broadcast_ms"]) == {r.rid for r in requests}
+    assert all(ms > 0 for ms in results[0][1]["broadcast_ms"].values()), "rank 0 times each request's broadcast"

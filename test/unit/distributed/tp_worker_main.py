@@ -12,6 +12,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _ListSocket:
+    """Stands in for rank 0's ZMQ socket: hands out the prepared requests, then nothing."""
+
+    def __init__(self, items: list):
+        self.items = items
+
+    def poll(self, timeout=None) -> bool:
+        return bool(self.items)
+
+    def recv_pyobj(self, flags=0):
+        import zmq
+
+        if not self.items:
+            raise zmq.Again()
+        return self.items.pop(0)
+
+
 def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, result_queue) -> None:
     import torch
 
@@ -28,21 +45,19 @@ def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, res
     sched.send = sent.append
     inbox = list(requests) if rank == 0 else []
 
-    def recv():
-        msgs = inbox[:] if rank == 0 else []
-        inbox.clear()
-        return broadcast_pyobj(msgs, tp)
-
-    sched.recv_requests = recv
+    if rank == 0:
+        sched.recv_socket = _ListSocket(inbox)
     while True:
         sched.step()
         if broadcast_pyobj(sched.is_idle() and not inbox, tp):
             break
     outputs: dict[str, list[int]] = {}
+    broadcast_ms = {}
     for msg in sent:
         if isinstance(msg, BatchTokenIDOut):
-            for rid, ids in zip(msg.rids, msg.new_token_ids):
+            for rid, ids, meta in zip(msg.rids, msg.new_token_ids, msg.meta_info):
                 outputs.setdefault(rid, []).extend(ids)
+                broadcast_ms[rid] = meta["tp_broadcast_ms"]
     runner = sched.worker.model_runner
     layer = runner.model.model.layers[0]
     shard_info = {
@@ -52,6 +67,7 @@ def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, res
         "embed_rows": runner.model.model.embed_tokens.weight.shape[0],
         "free_after": sched.kv.available_tokens(),
         "max_tokens": sched.max_total_num_tokens,
+        "broadcast_ms": broadcast_ms,
     }
     result_queue.put((rank, outputs if rank == 0 else None, shard_info))
     import torch.distributed as dist
