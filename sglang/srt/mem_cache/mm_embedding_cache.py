@@ -1,7 +1,9 @@
-"""Cache of vision-encoder outputs, bounded in bytes, least-recently-used eviction.
+"""Caches of vision-encoder outputs, bounded in bytes, least-recently-used eviction.
 
-Baseline keying (as upstream before per-image caching): one entry per request image set, under
-the combined hash of all its images, holding one embedding matrix per image.
+`MultimodalEmbeddingCache` is the baseline keying (as upstream before per-image caching): one entry
+per request image set, under the combined hash of all its images, holding one matrix per image.
+`ImageEmbeddingCache` keys each image by its own content hash, so requests sharing some images,
+and later chunks of one request, reuse encodings.
 """
 
 from __future__ import annotations
@@ -56,3 +58,14 @@ class MultimodalEmbeddingCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class ImageEmbeddingCache(MultimodalEmbeddingCache):
+    """One entry per image: content hash -> (tokens, hidden * (1 + deepstack)) embedding."""
+
+    def get_image(self, image_hash: int) -> torch.Tensor | None:
+        value = self.get(image_hash)
+        return None if value is None else value[0]
+
+    def put_image(self, image_hash: int, embedding: torch.Tensor) -> bool:
+        return self.put(image_hash, [embedding])
