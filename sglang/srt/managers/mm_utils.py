@@ -11,32 +11,20 @@ from typing import Callable
 
 import torch
 
+from sglang.srt.managers.mm_chunk_encoder import chunk_image_spans, gather_chunk_image_rows
 from sglang.srt.multimodal.hashing import combined_hash
 
 
-def _chunk_image_rows(mm_inputs, chunk_start: int, chunk_end: int):
-    """For one request's chunk [chunk_start, chunk_end): (item index, first row, last row, first
-    position in the chunk) for every item whose token range overlaps the chunk."""
-    spans = []
-    for idx, item in enumerate(mm_inputs.mm_items):
-        row_base = 0
-        for s, e in item.offsets:
-            lo, hi = max(s, chunk_start), min(e, chunk_end)
-            if lo < hi:
-                spans.append((idx, row_base + lo - s, row_base + hi - s, lo - chunk_start))
-            row_base += e - s
-    return spans
-
-
-def _request_image_embeddings(items, encode_images, cache) -> list[torch.Tensor]:
-    """All of a request's image embeddings, through the cache when the items carry hashes."""
-    if cache is None or any(it.hash is None for it in items):
-        return encode_images(items)
-    key = combined_hash([it.hash for it in items])
-    embeds = cache.get(key)
+def _request_image_embeddings(mm_inputs, encode_images, cache) -> list[torch.Tensor]:
+    """Baseline: all of a request's image embeddings, cached under the combined hash of the set."""
+    items = mm_inputs.mm_items
+    key = None if cache is None or any(it.hash is None for it in items) else combined_hash([it.hash for it in items])
+    embeds = cache.get(key) if key is not None else None
     if embeds is None:
         embeds = encode_images(items)
-        cache.put(key, embeds)
+        mm_inputs.num_vit_encoded += len(items)
+        if key is not None:
+            cache.put(key, embeds)
     return embeds
 
 
@@ -63,19 +51,23 @@ def general_mm_embed_routine(
     """
     positions: list[torch.Tensor] = []
     rows: list[torch.Tensor] = []
+    cache = forward_batch.mm_embedding_cache
     if forward_batch.forward_mode.is_extend() and any(m is not None for m in forward_batch.mm_inputs):
-        starts = forward_batch.extend_start_locs()
-        for i, mm in enumerate(forward_batch.mm_inputs):
-            if mm is None or not mm.mm_items:
-                continue
-            prefix, n = forward_batch.extend_prefix_lens_cpu[i], forward_batch.extend_seq_lens_cpu[i]
-            spans = _chunk_image_rows(mm, prefix, prefix + n)
-            if not spans:
-                continue
-            embeds = _request_image_embeddings(mm.mm_items, encode_images, forward_batch.mm_embedding_cache)
-            for idx, r0, r1, p0 in spans:
-                rows.append(embeds[idx][r0:r1])
-                positions.append(torch.arange(starts[i] + p0, starts[i] + p0 + (r1 - r0)))
+        if forward_batch.vit_chunk_per_image:
+            positions, rows = gather_chunk_image_rows(forward_batch, encode_images, cache)
+        else:
+            starts = forward_batch.extend_start_locs()
+            for i, mm in enumerate(forward_batch.mm_inputs):
+                if mm is None or not mm.mm_items:
+                    continue
+                prefix, n = forward_batch.extend_prefix_lens_cpu[i], forward_batch.extend_seq_lens_cpu[i]
+                spans = chunk_image_spans(mm, prefix, prefix + n)
+                if not spans:
+                    continue
+                embeds = _request_image_embeddings(mm, encode_images, cache)
+                for idx, r0, r1, p0 in spans:
+                    rows.append(embeds[idx][r0:r1])
+                    positions.append(torch.arange(starts[i] + p0, starts[i] + p0 + (r1 - r0)))
     if not rows:
         return embed_tokens(input_ids), None
     pos = torch.cat(positions).to(input_ids.device)

@@ -305,6 +305,8 @@ class Scheduler:
     def _meta_info(self, req: Req) -> dict:
         meta = {"prompt_tokens": req.prompt_len, "completion_tokens": len(req.output_ids),
                 "cached_tokens": req.cached_tokens, "tp_broadcast_ms": round(req.tp_broadcast_ms, 3)}
+        if req.mm_inputs is not None:
+            meta["vit_encoded_images"] = req.mm_inputs.num_vit_encoded
         if req.stage_timings_ms:
             meta["stage_timings_ms"] = dict(req.stage_timings_ms)
         return meta
@@ -333,6 +335,8 @@ class Scheduler:
             "num_retractions": self.num_retractions,
             "context_length": self.context_length,
             "mm_embedding_cache_bytes": self.worker.model_runner.mm_embedding_cache.current_bytes,
+            "mm_embedding_cache_hits": self.worker.model_runner.mm_embedding_cache.hits,
+            "mm_embedding_cache_misses": self.worker.model_runner.mm_embedding_cache.misses,
         }
 
     # ------------------------------------------------------------------ loop

@@ -39,7 +39,8 @@ class ForwardBatch:
     token_to_kv_pool: Any = None
     attn_backend: Any = None
     return_all_logits: bool = False
-    mm_embedding_cache: Any = None  # MultimodalEmbeddingCache, when the runner keeps one
+    mm_embedding_cache: Any = None  # the runner's embedding cache (per-image or baseline per-set)
+    vit_chunk_per_image: bool = False  # encode only the images overlapping this chunk
 
     @property
     def batch_size(self) -> int:

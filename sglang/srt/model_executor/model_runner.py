@@ -13,7 +13,7 @@ from sglang.srt.layers.attention import torch_native_backend  # noqa: F401  (reg
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.environ import envs
-from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
+from sglang.srt.mem_cache.mm_embedding_cache import ImageEmbeddingCache, MultimodalEmbeddingCache
 from sglang.srt.model_loader.loader import get_model
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ class ModelRunner:
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device, cfg.page_size)
         self.attn_backend = create_attention_backend(cfg.attention_backend)
-        self.mm_embedding_cache = MultimodalEmbeddingCache(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024)
+        self.vit_chunk_per_image = envs.SGLANG_VIT_CHUNK_PER_IMAGE.get()
+        cache_cls = ImageEmbeddingCache if self.vit_chunk_per_image else MultimodalEmbeddingCache
+        self.mm_embedding_cache = cache_cls(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024)
 
     def shrink_kv_budget(self, num_tokens: int) -> None:
         """TP ranks must agree on one KV budget (scheduling decisions are replicated): use the
@@ -82,5 +84,6 @@ class ModelRunner:
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
         forward_batch.mm_embedding_cache = self.mm_embedding_cache
+        forward_batch.vit_chunk_per_image = self.vit_chunk_per_image
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
