@@ -54,7 +54,7 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(cfg.attention_backend)
         self.vit_chunk_per_image = envs.SGLANG_VIT_CHUNK_PER_IMAGE.get()
         cache_cls = ImageEmbeddingCache if self.vit_chunk_per_image else MultimodalEmbeddingCache
-        self.mm_embedding_cache = cache_cls(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024)
+        self.mm_embedding_cache = cache_cls(int(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024))
 
     def shrink_kv_budget(self, num_tokens: int) -> None:
         """TP ranks must agree on one KV budget (scheduling decisions are replicated): use the
