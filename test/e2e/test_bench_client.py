@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import io
 import json
 import subprocess
@@ -198,3 +199,35 @@ def test_module_entry_help():
     out = subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--help"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert out.returncode == 0 and "--random-mm-bucket-config" in out.stdout
+
+
+def _probe_module():
+    spec = importlib.util.spec_from_file_location("ttft_probe", REPO / "benchmark/multimodal/ttft_probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("api", ["native", "openai"])
+def test_ttft_probe_table_json_and_plot(tok_dir, tmp_path, capsys, api):
+    probe = _probe_module()
+    out_json, png = tmp_path / "probe.json", tmp_path / "probe.png"
+    plot = str(png) if importlib.util.find_spec("matplotlib") else "none"
+    with FakeServer(tok_dir) as server:
+        rows = probe.main(["--base-url", server.url, "--api", api, "--counts", "1,3", "--repeats", "2",
+                           "--resolution", "40x24", "--output-len", "3", "--output-json", str(out_json),
+                           "--plot", plot])
+    table = capsys.readouterr().out
+    assert [r["images"] for r in rows] == [1, 3]
+    assert all(r["ttft_ms"] > 0 and r["e2e_ms"] >= r["ttft_ms"] for r in rows)
+    assert "TTFT ms" in table and "vit_encode" in table
+    stages = rows[1]["stage_timings_ms"]
+    assert stages["vit_encode"] == (9.0 if api == "native" else 3.0)
+    data = json.loads(out_json.read_text())
+    assert [r["images"] for r in data["results"]] == [1, 3] and len(data["results"][0]["ttft_ms_all"]) == 2
+    # Each request carries fresh images: no two requests share an image.
+    if api == "native":
+        urls = [u for b in server.bodies for u in b["image_data"]]
+        assert len(urls) == len(set(urls)) == 1 + 2 * (1 + 3)  # warmup + repeats
+    if plot != "none":
+        assert png.read_bytes()[:4] == b"\x89PNG"
