@@ -9,7 +9,13 @@ from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.activation import SiluAndMul, get_act_fn
 from sglang.srt.layers.attention.vision_attention import VisionAttention
 from sglang.srt.layers.layernorm import LayerNorm, RMSNorm
-from sglang.srt.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
+from sglang.srt.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from sglang.srt.model_loader.weight_utils import materialize
 
 
 class Conv3dPatchEmbed(nn.Module):
@@ -27,6 +33,55 @@ class Conv3dPatchEmbed(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         x = pixel_values.view(-1, *self.shape).to(self.proj.weight.dtype)
         return self.proj(x).view(-1, self.embed_dim)
+
+
+class _ConvWeightLinear(ReplicatedLinear):
+    """A Linear whose weight loads from a Conv3d checkpoint tensor (out, C, T, P, P) by flattening it."""
+
+    def __init__(self, conv_shape: tuple[int, ...], embed_dim: int, bias: bool, dtype=None):
+        self.conv_shape = (embed_dim, *conv_shape)
+        in_features = 1
+        for d in conv_shape:
+            in_features *= d
+        super().__init__(in_features, embed_dim, bias=bias, dtype=dtype)
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        if param.dim() == 2 and loaded.dim() == 5:
+            if tuple(loaded.shape) != self.conv_shape:
+                raise ValueError(
+                    f"patch_embed: checkpoint conv weight {tuple(loaded.shape)} != expected {self.conv_shape}"
+                )
+            # Row-major (C, T, P, P) flattening is the order of each pixel row, so this is exact.
+            loaded = materialize(loaded).reshape(self.conv_shape[0], -1)
+        super().weight_loader(param, loaded, shard_id)
+
+
+class LinearPatchEmbed(nn.Module):
+    """Patch embedding as one matrix product (switch SGLANG_VIT_PATCH_EMBED_LINEAR).
+
+    The Conv3d of the baseline has kernel == stride and each input row is exactly one kernel window,
+    so it never slides: conv(x) == x @ W.reshape(out, C*T*P*P).T + b. Checkpoints keep the 5-D conv
+    weight under the same name (`patch_embed.proj.weight`); it is flattened at load."""
+
+    def __init__(
+        self, patch_size: int, temporal_patch_size: int, in_channels: int, embed_dim: int, bias: bool, dtype=None
+    ):
+        super().__init__()
+        self.shape = (in_channels, temporal_patch_size, patch_size, patch_size)
+        self.embed_dim = embed_dim
+        self.proj = _ConvWeightLinear(self.shape, embed_dim, bias=bias, dtype=dtype)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = pixel_values.view(-1, self.proj.in_features).to(self.proj.weight.dtype)
+        return self.proj(x)
+
+
+def make_patch_embed(
+    linear: bool, patch_size: int, temporal_patch_size: int, in_channels: int, embed_dim: int, bias: bool, dtype=None
+) -> nn.Module:
+    """`linear=False` is exactly the baseline Conv3d module; both read the same checkpoint tensors."""
+    cls = LinearPatchEmbed if linear else Conv3dPatchEmbed
+    return cls(patch_size, temporal_patch_size, in_channels, embed_dim, bias=bias, dtype=dtype)
 
 
 class VisionMLP(nn.Module):

@@ -9,14 +9,15 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig, VisionConfig
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.environ import envs
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
 from sglang.srt.layers.vision_blocks import (
-    Conv3dPatchEmbed,
     VisionBlock,
     VisionGatedMLP,
     image_cu_seqlens,
+    make_patch_embed,
     rot_pos_ids,
 )
 from sglang.srt.managers.mm_utils import general_mm_embed_routine
@@ -69,14 +70,20 @@ def window_index(grid_thw: list[tuple[int, int, int]], merge: int, window: int) 
 
 
 class Qwen2_5_VisionTransformer(nn.Module):
-    def __init__(self, cfg: VisionConfig, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(
+        self, cfg: VisionConfig, tp: TPInfo = SINGLE_RANK, dtype=None, patch_embed_linear: bool | None = None
+    ):
+        """`patch_embed_linear=None` reads SGLANG_VIT_PATCH_EMBED_LINEAR."""
         super().__init__()
         self.cfg = cfg
         self.merge = cfg.spatial_merge_size
         self.window = cfg.window_size // cfg.spatial_merge_size // cfg.patch_size
         self.fullatt_block_indexes = set(cfg.fullatt_block_indexes)
-        self.patch_embed = Conv3dPatchEmbed(
-            cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size, bias=False, dtype=dtype
+        if patch_embed_linear is None:
+            patch_embed_linear = envs.SGLANG_VIT_PATCH_EMBED_LINEAR.get()
+        self.patch_embed = make_patch_embed(
+            patch_embed_linear, cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size,
+            bias=False, dtype=dtype,
         )
         self.rotary = VisionRotaryEmbedding(cfg.head_dim, cfg.rope_theta)
         self.blocks = nn.ModuleList(

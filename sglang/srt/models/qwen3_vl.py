@@ -9,10 +9,11 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig, VisionConfig
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.environ import envs
 from sglang.srt.layers.layernorm import LayerNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
-from sglang.srt.layers.vision_blocks import Conv3dPatchEmbed, VisionBlock, VisionMLP, image_cu_seqlens, rot_pos_ids
+from sglang.srt.layers.vision_blocks import VisionBlock, VisionMLP, image_cu_seqlens, make_patch_embed, rot_pos_ids
 from sglang.srt.managers.mm_utils import general_mm_embed_routine
 from sglang.srt.models.qwen3 import Qwen3Model
 from sglang.srt.models.vlm_base import QwenVLForConditionalGenerationBase
@@ -36,12 +37,18 @@ class Qwen3VLPatchMerger(nn.Module):
 
 
 class Qwen3VisionTransformer(nn.Module):
-    def __init__(self, cfg: VisionConfig, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(
+        self, cfg: VisionConfig, tp: TPInfo = SINGLE_RANK, dtype=None, patch_embed_linear: bool | None = None
+    ):
+        """`patch_embed_linear=None` reads SGLANG_VIT_PATCH_EMBED_LINEAR."""
         super().__init__()
         self.cfg = cfg
         self.merge = cfg.spatial_merge_size
-        self.patch_embed = Conv3dPatchEmbed(
-            cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size, bias=True, dtype=dtype
+        if patch_embed_linear is None:
+            patch_embed_linear = envs.SGLANG_VIT_PATCH_EMBED_LINEAR.get()
+        self.patch_embed = make_patch_embed(
+            patch_embed_linear, cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size,
+            bias=True, dtype=dtype,
         )
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size, dtype=dtype)
         self.pos_embed.weight.requires_grad_(False)
