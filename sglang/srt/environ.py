@@ -67,6 +67,9 @@ envs.add("SGLANG_VIT_CHUNK_PER_IMAGE", True, _parse_bool,
 envs.add("SGLANG_TEST_DEVICE", "cpu", str, "Device the test suite runs models on (cpu or cuda).")
 envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
          "ViT patch embedding as one Linear, Conv3d checkpoint weights reshaped at load (0: baseline Conv3d).")
+envs.add("SGLANG_VIT_FAST_POS_EMBED", True, _parse_bool,
+         "ViT position-embedding interpolation and 2D rotary indices cached per grid shape, gathered on device "
+         "(0: baseline, recomputed per forward).")
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from sglang.srt.layers.vision_blocks import (
     make_patch_embed,
     rot_pos_ids,
 )
+from sglang.srt.layers.vision_pos_embed import CachedVisionRotary
 from sglang.srt.managers.mm_utils import general_mm_embed_routine
 from sglang.srt.models.qwen2 import Qwen2Model
 from sglang.srt.models.vlm_base import QwenVLForConditionalGenerationBase
@@ -71,9 +72,15 @@ def window_index(grid_thw: list[tuple[int, int, int]], merge: int, window: int) 
 
 class Qwen2_5_VisionTransformer(nn.Module):
     def __init__(
-        self, cfg: VisionConfig, tp: TPInfo = SINGLE_RANK, dtype=None, patch_embed_linear: bool | None = None
+        self,
+        cfg: VisionConfig,
+        tp: TPInfo = SINGLE_RANK,
+        dtype=None,
+        patch_embed_linear: bool | None = None,
+        fast_pos_embed: bool | None = None,
     ):
-        """`patch_embed_linear=None` reads SGLANG_VIT_PATCH_EMBED_LINEAR."""
+        """`patch_embed_linear` / `fast_pos_embed` = None read SGLANG_VIT_PATCH_EMBED_LINEAR /
+        SGLANG_VIT_FAST_POS_EMBED (here only the rotary part: Qwen2.5-VL has no learned table)."""
         super().__init__()
         self.cfg = cfg
         self.merge = cfg.spatial_merge_size
@@ -86,6 +93,9 @@ class Qwen2_5_VisionTransformer(nn.Module):
             bias=False, dtype=dtype,
         )
         self.rotary = VisionRotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        if fast_pos_embed is None:
+            fast_pos_embed = envs.SGLANG_VIT_FAST_POS_EMBED.get()
+        self.rotary_ids = CachedVisionRotary(self.rotary, self.merge) if fast_pos_embed else None  # None: baseline
         self.blocks = nn.ModuleList(
             [
                 VisionBlock(
@@ -101,6 +111,11 @@ class Qwen2_5_VisionTransformer(nn.Module):
         )
         self.merger = Qwen2_5_VLPatchMerger(cfg, tp, dtype)
 
+    def rotary_cos_sin(self, grid_thw: list[tuple[int, int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rotary_ids is None:
+            return self.rotary.cos_sin(rot_pos_ids(grid_thw, self.merge).to(device))
+        return self.rotary_ids.cos_sin(grid_thw, device)
+
     def forward(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
         unit = self.merge * self.merge
         x = self.patch_embed(pixel_values)
@@ -112,7 +127,7 @@ class Qwen2_5_VisionTransformer(nn.Module):
             return t.view(n // unit, unit, -1)[win_idx].reshape(n, -1)
 
         x = to_window_order(x)
-        cos, sin = self.rotary.cos_sin(rot_pos_ids(grid_thw, self.merge).to(x.device))
+        cos, sin = self.rotary_cos_sin(grid_thw, x.device)
         cos, sin = to_window_order(cos), to_window_order(sin)
         cu_full = image_cu_seqlens(grid_thw)
         for i, blk in enumerate(self.blocks):

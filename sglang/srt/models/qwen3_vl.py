@@ -14,6 +14,7 @@ from sglang.srt.layers.layernorm import LayerNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
 from sglang.srt.layers.vision_blocks import VisionBlock, VisionMLP, image_cu_seqlens, make_patch_embed, rot_pos_ids
+from sglang.srt.layers.vision_pos_embed import CachedVisionRotary, FastPosEmbedInterpolator
 from sglang.srt.managers.mm_utils import general_mm_embed_routine
 from sglang.srt.models.qwen3 import Qwen3Model
 from sglang.srt.models.vlm_base import QwenVLForConditionalGenerationBase
@@ -38,9 +39,15 @@ class Qwen3VLPatchMerger(nn.Module):
 
 class Qwen3VisionTransformer(nn.Module):
     def __init__(
-        self, cfg: VisionConfig, tp: TPInfo = SINGLE_RANK, dtype=None, patch_embed_linear: bool | None = None
+        self,
+        cfg: VisionConfig,
+        tp: TPInfo = SINGLE_RANK,
+        dtype=None,
+        patch_embed_linear: bool | None = None,
+        fast_pos_embed: bool | None = None,
     ):
-        """`patch_embed_linear=None` reads SGLANG_VIT_PATCH_EMBED_LINEAR."""
+        """`patch_embed_linear` / `fast_pos_embed` = None read SGLANG_VIT_PATCH_EMBED_LINEAR /
+        SGLANG_VIT_FAST_POS_EMBED."""
         super().__init__()
         self.cfg = cfg
         self.merge = cfg.spatial_merge_size
@@ -54,6 +61,11 @@ class Qwen3VisionTransformer(nn.Module):
         self.pos_embed.weight.requires_grad_(False)
         self.num_grid_per_side = int(cfg.num_position_embeddings**0.5)
         self.rotary = VisionRotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        if fast_pos_embed is None:
+            fast_pos_embed = envs.SGLANG_VIT_FAST_POS_EMBED.get()
+        # None selects the baseline: per-forward interpolation and rotary ids, unchanged.
+        self.pos_interp = FastPosEmbedInterpolator(self.num_grid_per_side, self.merge) if fast_pos_embed else None
+        self.rotary_ids = CachedVisionRotary(self.rotary, self.merge) if fast_pos_embed else None
         self.blocks = nn.ModuleList(
             [
                 VisionBlock(
@@ -99,11 +111,21 @@ class Qwen3VisionTransformer(nn.Module):
             out.append(emb.repeat(t, 1))
         return torch.cat(out, dim=0)
 
+    def pos_embeds(self, grid_thw: list[tuple[int, int, int]], dtype: torch.dtype) -> torch.Tensor:
+        if self.pos_interp is None:
+            return self.interpolated_pos_embed(grid_thw).to(dtype)
+        return self.pos_interp(self.pos_embed.weight, grid_thw, dtype)
+
+    def rotary_cos_sin(self, grid_thw: list[tuple[int, int, int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rotary_ids is None:
+            return self.rotary.cos_sin(rot_pos_ids(grid_thw, self.merge).to(device))
+        return self.rotary_ids.cos_sin(grid_thw, device)
+
     def forward(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
         """-> (merged tokens, out_hidden * (1 + num_deepstack)): [main | deepstack_0 | ...]."""
         x = self.patch_embed(pixel_values)
-        x = x + self.interpolated_pos_embed(grid_thw).to(x.dtype)
-        cos, sin = self.rotary.cos_sin(rot_pos_ids(grid_thw, self.merge).to(x.device))
+        x = x + self.pos_embeds(grid_thw, x.dtype)
+        cos, sin = self.rotary_cos_sin(grid_thw, x.device)
         cu = image_cu_seqlens(grid_thw)
         deepstack = []
         for i, blk in enumerate(self.blocks):
