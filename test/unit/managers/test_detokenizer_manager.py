@@ -1,0 +1,85 @@
+"""Incremental detokenization: deltas concatenate to the full decode, multi-byte characters split
+across tokens are never emitted half, special tokens are skipped on request, stop strings trim."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang.srt.managers.detokenizer_manager import IncrementalDetokenizer
+from sglang.srt.managers.io_struct import BatchTokenIDOut, FinishReason
+
+IM_END = 151645
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir("qwen3-vl-tiny"))
+
+
+def feed(detok, rid, ids, sizes, skip=True, finish=FinishReason("length")) -> list[str]:
+    deltas, pos = [], 0
+    for n in sizes:
+        deltas.append(detok.step(rid, ids[pos : pos + n], skip, None))
+        pos += n
+    deltas.append(detok.step(rid, ids[pos:], skip, finish))
+    return deltas
+
+
+def test_multibyte_characters_are_never_split(tokenizer):
+    text = "naïve café — 日本語のテキスト 🤖🎨 done"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = feed(detok, "r", ids, [1] * (len(ids) - 1))
+    assert "".join(deltas) == tokenizer.decode(ids) == text
+    assert not any("\ufffd" in d for d in deltas)
+    assert detok.states == {}
+
+
+def test_skip_special_tokens_is_honoured(tokenizer):
+    ids = tokenizer.encode("hello", add_special_tokens=False) + [IM_END]
+    for skip, expected in ((True, "hello"), (False, "hello<|im_end|>")):
+        assert "".join(feed(IncrementalDetokenizer(tokenizer), "r", ids, [1] * (len(ids) - 1), skip)) == expected
+
+
+def test_stop_string_trims_the_final_output(tokenizer):
+    ids = tokenizer.encode("the answer is 42. The end", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = feed(detok, "r", ids, [2], finish=FinishReason("stop", matched="42."))
+    assert "".join(deltas) == "the answer is "
+
+
+def test_stop_string_starting_in_sent_text_leaves_the_trim_to_the_receiver(tokenizer):
+    ids = tokenizer.encode("abc xyz", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = feed(detok, "r", ids, [len(ids) - 1], finish=FinishReason("stop", matched="c xyz"))
+    full = "".join(deltas)
+    assert full == "abc xyz" and full[: full.find("c xyz")] == "ab"
+
+
+def test_batch_message_keeps_order_and_frees_finished_state(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer)
+    a, b = tokenizer.encode("alpha", add_special_tokens=False), tokenizer.encode("beta", add_special_tokens=False)
+    msg = BatchTokenIDOut(["a", "b"], [a, b], [None, FinishReason("length")], [3, 4], [len(a), len(b)], [0, 0],
+                          [True, True], [{}, {}])
+    out = detok.handle(msg)
+    assert out.rids == ["a", "b"] and out.output_strs[1] == "beta" and out.new_token_ids == [a, b]
+    assert set(detok.states) == {"a"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=40), cuts=st.lists(st.integers(1, 4), max_size=40))
+def test_any_chunking_reproduces_the_full_decode(tokenizer, text, cuts):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    sizes, total = [], 0
+    for c in cuts:
+        if total + c > len(ids):
+            break
+        sizes.append(c)
+        total += c
+    deltas = feed(IncrementalDetokenizer(tokenizer), "r", ids, sizes)
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in d for d in deltas[:-1])
