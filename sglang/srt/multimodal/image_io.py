@@ -13,7 +13,7 @@ import binascii
 import io
 import os
 import urllib.parse
-from typing import Union
+from typing import Callable, Union
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -71,6 +71,8 @@ _B64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123
 _WHITESPACE_TABLE = {ord(c): None for c in " \t\r\n\f\v"}
 
 ImageInput = Union[bytes, bytearray, memoryview, str, os.PathLike, Image.Image]
+# fetches an http(s) URL and returns the body (see sglang.srt.multimodal.media_fetch)
+UrlFetcher = Callable[[str], bytes]
 
 
 class ImageLoadError(ValueError):
@@ -90,13 +92,14 @@ def load_image(
     apply_exif_orientation: bool = True,
     convert_rgb: bool = True,
     allowed_formats: tuple[str, ...] | None = None,
+    fetcher: UrlFetcher | None = None,
 ) -> Image.Image:
     """Load an image from any supported source and return a fully decoded PIL image.
 
     Sources:
       * ``bytes`` / ``bytearray`` / ``memoryview``: encoded image file contents;
       * ``str`` starting with ``data:``: a base64 data URL (``data:image/png;base64,...``);
-      * ``str`` starting with ``http://`` / ``https://``: not supported yet (raises);
+      * ``str`` starting with ``http://`` / ``https://``: fetched with ``fetcher`` (refused without one);
       * ``str`` starting with ``file://``, an existing path, or an ``os.PathLike``: a local file,
         which must lie inside ``allowed_local_media_path`` when that is given;
       * any other ``str``: base64-encoded image bytes (whitespace is ignored);
@@ -122,7 +125,7 @@ def load_image(
         data = read_local_file(os.fspath(source), allowed_local_media_path)
         image = decode_image_bytes(data, max_image_pixels=max_image_pixels, allowed_formats=allowed_formats)
     elif isinstance(source, str):
-        data = _string_to_bytes(source, allowed_local_media_path)
+        data = _string_to_bytes(source, allowed_local_media_path, fetcher)
         image = decode_image_bytes(data, max_image_pixels=max_image_pixels, allowed_formats=allowed_formats)
     else:
         raise ImageLoadError(
@@ -223,6 +226,21 @@ def _check_allowed_path(path: str, allowed_local_media_path: str | None) -> str:
     return real
 
 
+def is_local_path_source(source: str) -> bool:
+    """True when ``load_image`` would read ``source`` (a string) from the local filesystem."""
+    head = source[:16].lstrip().lower()
+    if head.startswith("file://"):
+        return True
+    if head.startswith(("data:", "http://", "https://")) or len(source) > _MAX_PATH_LEN or "\x00" in source:
+        return False
+    try:
+        if os.path.exists(os.path.expanduser(source)):
+            return True
+    except (OSError, ValueError):
+        pass
+    return bool(source.strip()) and _looks_like_path(source)
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """Convert to RGB exactly as transformers' ``convert_to_rgb`` does for PIL images.
 
@@ -294,15 +312,17 @@ def _looks_like_path(s: str) -> bool:
     return any(c not in _B64_CHARS for c in stripped) or s.startswith(("./", "../", "~"))
 
 
-def _string_to_bytes(source: str, allowed_local_media_path: str | None) -> bytes:
+def _string_to_bytes(source: str, allowed_local_media_path: str | None, fetcher: UrlFetcher | None = None) -> bytes:
     head = source[:16].lstrip().lower()
     if head.startswith("data:"):
         return _parse_data_url(source.lstrip())
     if head.startswith(("http://", "https://")):
-        raise ImageLoadError(
-            "loading images from http(s) URLs is not supported yet: pass the image as base64, "
-            "a data URL or raw bytes"
-        )
+        if fetcher is None:
+            raise ImageLoadError(
+                "loading images from http(s) URLs is not enabled here: pass the image as base64, "
+                "a data URL or raw bytes"
+            )
+        return fetcher(source.strip())
     if head.startswith("file://"):
         parsed = urllib.parse.urlparse(source.strip())
         if parsed.netloc not in ("", "localhost"):

@@ -1,0 +1,58 @@
+"""Chat messages (OpenAI style) -> messages the chat template renders, plus their images in order.
+
+Image parts become `{"type": "image"}` (the Qwen templates render each as
+`<|vision_start|><|image_pad|><|vision_end|>`) and their sources are collected in prompt order, so the
+i-th placeholder of the rendered prompt belongs to the i-th image.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def split_chat_images(messages: Any) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Returns `(template_messages, image_sources)`. A source is None for a bare `{"type": "image"}`
+    part, whose image the caller supplies separately (`image_data`). Raises ValueError naming the problem."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    out: list[dict[str, Any]] = []
+    images: list[Any] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+        role = msg.get("role")
+        if role not in _ROLES:
+            raise ValueError(f"messages[{i}].role must be one of {', '.join(_ROLES)}, got {role!r}")
+        content = msg.get("content")
+        new = dict(msg)
+        if isinstance(content, list):
+            new["content"] = [_convert_part(part, i, j, images) for j, part in enumerate(content)]
+        elif content is not None and not isinstance(content, str):
+            raise ValueError(f"messages[{i}].content must be a string or a list of content parts")
+        out.append(new)
+    return out, images
+
+
+def _convert_part(part: Any, i: int, j: int, images: list[Any]) -> dict[str, Any]:
+    where = f"messages[{i}].content[{j}]"
+    if not isinstance(part, dict):
+        raise ValueError(f"{where} must be an object with a 'type'")
+    ptype = part.get("type")
+    if ptype == "text":
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"{where}: a text part needs a string 'text'")
+        return {"type": "text", "text": text}
+    if ptype == "image_url":
+        ref = part.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"{where}: an image_url part needs image_url.url (a data URL, http(s) URL or file path)")
+        images.append(url)
+        return {"type": "image"}
+    if ptype == "image":
+        images.append(part.get("image"))
+        return {"type": "image"}
+    raise ValueError(f"{where}: unsupported content part type {ptype!r}; supported: text, image_url, image")

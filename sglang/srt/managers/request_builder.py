@@ -1,0 +1,233 @@
+"""GenerateReqInput -> TokenizedGenerateReqInput: validation, chat template, tokenization, images.
+
+`check` runs on the event loop (cheap checks only); `build` runs in a worker thread (template,
+tokenizer, image fetch/decode/preprocess, pickling). Every problem with the request raises
+`GenerateError` (400) with a message naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.srt.managers.chat_messages import split_chat_images
+from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
+from sglang.srt.multimodal.image_io import is_local_path_source
+from sglang.srt.multimodal.media_fetch import MediaFetcher, is_http_url
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+
+class GenerateError(Exception):
+    """A request that cannot be served; `status_code` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status_code: int = 400, err_type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.err_type = err_type
+
+
+class ServerUnhealthyError(GenerateError):
+    def __init__(self, message: str):
+        super().__init__(message, 503, "service_unavailable")
+
+
+@dataclass
+class CheckedRequest:
+    """What `check` found valid; `build` finishes the job."""
+
+    rid: str
+    obj: GenerateReqInput
+    messages: list[dict[str, Any]] | None
+    images: list[Any]
+    sampling: SamplingParams
+    to_context: bool  # max_new_tokens unset by the client: fill the context
+
+
+class RequestBuilder:
+    def __init__(self, server_args: ServerArgs, model_path: str, scheduler_info: SchedulerReady | None = None):
+        from transformers import AutoTokenizer
+
+        from sglang.srt.multimodal.processors.base import get_processor_class, is_multimodal_model
+
+        self.server_args = server_args
+        self.model_path = model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(server_args.tokenizer_path or model_path)
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            self.hf_config: dict[str, Any] = json.load(f)
+        text_cfg = self.hf_config.get("text_config") or self.hf_config
+        self.vocab_size = int(text_cfg.get("vocab_size") or len(self.tokenizer))
+        self.context_length = int(
+            server_args.context_length
+            or (scheduler_info.context_length if scheduler_info else 0)
+            or text_cfg.get("max_position_embeddings")
+            or 4096
+        )
+        self.max_req_input_len = scheduler_info.max_req_input_len if scheduler_info else None
+        self.max_total_num_tokens = scheduler_info.max_total_num_tokens if scheduler_info else None
+        archs, model_type = self.hf_config.get("architectures"), self.hf_config.get("model_type")
+        self.processor = None
+        if is_multimodal_model(archs, model_type):
+            self.processor = get_processor_class(archs, model_type).from_pretrained(
+                model_path, self.tokenizer, allowed_local_media_path=server_args.allowed_local_media_path
+            )
+        self.fetcher = MediaFetcher(server_args.media_fetch_timeout, server_args.media_max_bytes)
+        # Only per-image work runs here: `build` itself runs in another pool and waits on this one.
+        self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
+        self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
+
+    def close(self) -> None:
+        self.image_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ event loop side
+    def check(self, obj: GenerateReqInput, rid: str) -> CheckedRequest:
+        if sum(x is not None for x in (obj.text, obj.input_ids, obj.messages)) != 1:
+            raise GenerateError("exactly one of text, input_ids or messages must be given")
+        if obj.text is not None and not isinstance(obj.text, str):
+            raise GenerateError(f"text must be a string, got {type(obj.text).__name__}")
+        sampling, to_context = make_sampling_params(obj.sampling_params)
+        images = list(obj.image_data or [])
+        messages = None
+        if obj.messages is not None:
+            try:
+                messages, sources = split_chat_images(obj.messages)
+            except ValueError as e:
+                raise GenerateError(str(e)) from None
+            images = merge_image_sources(sources, images)
+        limit = self.server_args.limit_mm_per_prompt
+        if len(images) > limit:
+            raise GenerateError(f"too many images: {len(images)} given, at most {limit} per prompt (--limit-mm-per-prompt)")
+        if images and self.processor is None:
+            raise GenerateError(f"model {self.model_path} does not accept images")
+        if self.server_args.allowed_local_media_path is None:
+            for i, src in enumerate(images):
+                if isinstance(src, str) and is_local_path_source(src):
+                    raise GenerateError(
+                        f"image {i} ({src[:100]!r}) is not a data URL, an http(s) URL or valid base64 image data, "
+                        "and local image files are disabled (start the server with --allowed-local-media-path DIR)"
+                    )
+        return CheckedRequest(rid, obj, messages, images, sampling, to_context)
+
+    # ------------------------------------------------------------------ worker thread side
+    def build(self, req: CheckedRequest) -> tuple[TokenizedGenerateReqInput, bytes]:
+        """The wire message and its pickle (made here, off the event loop: pixel tensors can be large)."""
+        obj = req.obj
+        try:
+            prompt = self._render_chat(req.messages, obj.chat_template_kwargs) if req.messages is not None else obj.text
+            if obj.input_ids is not None:
+                ids = check_input_ids(obj.input_ids, self.vocab_size)
+            else:
+                with self._tokenizer_lock:
+                    ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            mm_inputs = None
+            if self.processor is not None:
+                images = list(self.image_pool.map(self._fetch_if_url, req.images)) if req.images else []
+                ids, mm = self.processor.process(ids, images, executor=self.image_pool)
+                mm_inputs = mm if images else None
+        except GenerateError:
+            raise
+        except ValueError as e:  # ImageLoadError, MultimodalInputError, SmartResizeError, MediaFetchError
+            raise GenerateError(str(e)) from None
+        self._check_length(len(ids))
+        room = self.context_length - len(ids)
+        sampling = req.sampling
+        sampling.max_new_tokens = room if req.to_context else min(sampling.max_new_tokens, room)
+        tokenized = TokenizedGenerateReqInput(
+            rid=req.rid, input_ids=ids, sampling_params=sampling, mm_inputs=mm_inputs, stream=obj.stream,
+            input_text=prompt, created_time=obj.created_time,
+        )
+        return tokenized, pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _check_length(self, prompt_len: int) -> None:
+        if prompt_len == 0:
+            raise GenerateError("the prompt is empty")
+        if prompt_len >= self.context_length:
+            raise GenerateError(
+                f"the prompt is too long: {prompt_len} tokens, but the context length is {self.context_length} "
+                "tokens and must also hold at least one output token"
+            )
+        if self.max_req_input_len is not None and prompt_len > self.max_req_input_len:
+            raise GenerateError(
+                f"the prompt is too long: {prompt_len} tokens, more than the {self.max_req_input_len} tokens "
+                "one request may use"
+            )
+        if self.max_total_num_tokens is not None and prompt_len + 1 > self.max_total_num_tokens:
+            raise GenerateError(
+                f"the prompt is too long: {prompt_len} tokens need {prompt_len + 1} KV cache slots, but the KV "
+                f"cache holds {self.max_total_num_tokens} tokens (--max-total-tokens)"
+            )
+
+    def _render_chat(self, messages: list[dict[str, Any]], kwargs: dict[str, Any] | None) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **(kwargs or {}))
+        except Exception as e:  # jinja errors (raise_exception in templates) are not ValueErrors
+            raise GenerateError(f"cannot apply the chat template to these messages: {e}") from None
+
+    def _fetch_if_url(self, src: Any) -> Any:
+        return self.fetcher(src) if is_http_url(src) else src
+
+
+def merge_image_sources(sources: list[Any], image_data: list[Any]) -> list[Any]:
+    """Fills the message image parts without a source (None) from image_data, in order."""
+    n_open = sum(s is None for s in sources)
+    if n_open != len(image_data):
+        raise GenerateError(
+            f"the messages have {n_open} image part(s) without a source but {len(image_data)} image_data "
+            "entries were given"
+        )
+    supplied = iter(image_data)
+    return [next(supplied) if s is None else s for s in sources]
+
+
+def make_sampling_params(raw: dict[str, Any] | None) -> tuple[SamplingParams, bool]:
+    """The verified params, and whether max_new_tokens is "up to the context length" (given as None)."""
+    if raw is not None and not isinstance(raw, dict):
+        raise GenerateError(f"sampling_params must be an object, got {type(raw).__name__}")
+    raw = raw or {}
+    kw = {k: v for k, v in raw.items() if v is not None}
+    to_context = "max_new_tokens" in raw and raw["max_new_tokens"] is None
+    known = SamplingParams.__dataclass_fields__
+    unknown = sorted(set(kw) - set(known))
+    if unknown:
+        raise GenerateError(f"unknown sampling parameter(s): {', '.join(unknown)}; known: {', '.join(known)}")
+    if isinstance(kw.get("stop"), str):
+        kw["stop"] = [kw["stop"]]
+    for name, value in kw.items():
+        _check_type(name, value, known[name].default)
+    try:
+        sp = SamplingParams(**kw)
+        if to_context:
+            sp.max_new_tokens = 1  # placeholder until the prompt length is known
+        sp.verify()
+    except (ValueError, TypeError) as e:
+        raise GenerateError(f"invalid sampling parameters: {e}") from None
+    return sp, to_context
+
+
+def _check_type(name: str, value: Any, default: Any) -> None:
+    """Scalar parameters must have their default's type (ints count as floats), so errors name them."""
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    else:
+        return
+    if not ok:
+        raise GenerateError(f"invalid sampling parameters: {name} must be {kind}, got {value!r}")
+
+
+def check_input_ids(input_ids: Any, vocab_size: int) -> list[int]:
+    if not isinstance(input_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+        raise GenerateError("input_ids must be a list of integers")
+    bad = next((t for t in input_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise GenerateError(f"input_ids contains token id {bad} outside the vocabulary [0, {vocab_size})")
+    return list(input_ids)

@@ -1,0 +1,338 @@
+"""TokenizerManager: the asyncio front half of the engine, living in the HTTP server's (or Engine's) process.
+
+Turns a `GenerateReqInput` into a `TokenizedGenerateReqInput` (chat template, tokenization, image loading
+and preprocessing in worker threads, validation), sends it to scheduler rank 0 over ZMQ, and dispatches
+the `BatchStrOut`s coming back from the detokenizer to the waiting requests. It also watches the child
+processes: one dying makes the server unhealthy and fails every pending request with 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any, AsyncIterator, Callable
+
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    FinishReason,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GenerateReqInput,
+    GetServerInfoReq,
+    GetServerInfoReqOutput,
+    SchedulerReady,
+    TokenizedGenerateReqInput,
+)
+from sglang.srt.managers.request_builder import GenerateError, RequestBuilder, ServerUnhealthyError
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+__all__ = ["GenerateError", "ServerUnhealthyError", "TokenizerManager"]
+
+logger = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT_S = 30.0
+
+
+@dataclass
+class _ReqState:
+    rid: str
+    stream: bool
+    stop: list[str]
+    created_time: float
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    finished_reason: FinishReason | None = None
+    error: GenerateError | None = None
+    sent_text_len: int = 0
+    sent_ids_len: int = 0
+
+
+class TokenizerManager:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: SchedulerReady | None = None):
+        self.server_args = server_args
+        self.port_args = port_args
+        self.scheduler_info = scheduler_info
+        self.model_path = server_args.resolved_model_path()
+        self.builder = RequestBuilder(server_args, self.model_path, scheduler_info)
+        self.tokenizer = self.builder.tokenizer
+        self.processor = self.builder.processor
+        self.hf_config = self.builder.hf_config
+        self.context_length = self.builder.context_length
+        self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
+
+        self.rid_to_state: dict[str, _ReqState] = {}
+        self.healthy = True
+        self.dead_reason: str | None = None
+        self._closing = False
+        self._flush_waiters: list[asyncio.Future] = []
+        self._info_waiters: list[asyncio.Future] = []
+        self._background: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._zmq_ctx = None
+        self._send_sock = None
+        self._recv_sock = None
+        self._on_child_death: Callable[[str], None] | None = None
+        self._watch_stop = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(
+        self,
+        child_processes: list[BaseProcess] | None = None,
+        on_child_death: Callable[[str], None] | None = None,
+    ) -> None:
+        """Open the sockets and start the receive loop (and the child watchdog) on the running loop."""
+        import zmq
+        import zmq.asyncio
+
+        self._loop = asyncio.get_running_loop()
+        self._zmq_ctx = zmq.asyncio.Context(2)
+        self._recv_sock = self._zmq_ctx.socket(zmq.PULL)
+        self._recv_sock.bind(self.port_args.tokenizer_ipc_name)
+        self._send_sock = self._zmq_ctx.socket(zmq.PUSH)
+        self._send_sock.connect(self.port_args.scheduler_input_ipc_name)
+        self._spawn(self._handle_loop())
+        self._on_child_death = on_child_death
+        if child_processes:
+            threading.Thread(
+                target=self._watch_children, args=(list(child_processes),), name="sglang-watchdog", daemon=True
+            ).start()
+
+    async def close(self) -> None:
+        """Stop receiving and watching (call before killing the children)."""
+        self._closing = True
+        self._watch_stop.set()
+        for task in list(self._background):
+            task.cancel()
+        for state in self.rid_to_state.values():
+            state.error = ServerUnhealthyError("server is shutting down")
+            state.event.set()
+        self.rid_to_state.clear()
+        if self._zmq_ctx is not None:
+            self._zmq_ctx.destroy(linger=0)
+            self._zmq_ctx = None
+        self._request_pool.shutdown(wait=False, cancel_futures=True)
+        self.builder.close()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------------ health
+    def _raise_if_unhealthy(self) -> None:
+        if not self.healthy:
+            raise ServerUnhealthyError(f"server unavailable: {self.dead_reason}")
+        if self._closing:
+            raise ServerUnhealthyError("server is shutting down")
+
+    def _watch_children(self, procs: list[BaseProcess]) -> None:
+        from multiprocessing.connection import wait
+
+        by_sentinel = {p.sentinel: p for p in procs}
+        while not self._watch_stop.is_set():
+            ready = wait(list(by_sentinel), timeout=0.5)
+            if ready and not self._watch_stop.is_set():
+                p = by_sentinel[ready[0]]
+                p.join(timeout=1.0)
+                msg = f"{p.name} process (pid {p.pid}) exited unexpectedly with exit code {p.exitcode}"
+                try:
+                    self._loop.call_soon_threadsafe(self.mark_dead, msg)
+                except RuntimeError:  # the loop is already closed: nothing left to notify
+                    pass
+                return
+
+    def mark_dead(self, reason: str) -> None:
+        """The server cannot serve any more: fail everything pending with 503 and notify the owner."""
+        if self._closing or not self.healthy:
+            return
+        self.healthy = False
+        self.dead_reason = reason
+        logger.error("%s; failing %d pending request(s)", reason, len(self.rid_to_state))
+        err = ServerUnhealthyError(f"server unavailable: {reason}")
+        for state in self.rid_to_state.values():
+            state.error = err
+            state.event.set()
+        self.rid_to_state.clear()
+        for fut in self._flush_waiters + self._info_waiters:
+            if not fut.done():
+                fut.set_exception(err)
+        if self._on_child_death is not None:
+            self._on_child_death(reason)
+
+    # ------------------------------------------------------------------ generate
+    async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        """Yields stream chunks (`obj.stream`) or one final output: {"text", "output_ids", "meta_info"}."""
+        tokenized, payload = await self.tokenize_request(obj)
+        async for out in self.generate_tokenized(tokenized, payload):
+            yield out
+
+    async def tokenize_request(self, obj: GenerateReqInput) -> tuple[TokenizedGenerateReqInput, bytes]:
+        """Validates and prepares one request; raises GenerateError (400) naming any problem."""
+        self._raise_if_unhealthy()
+        rid = obj.rid or uuid.uuid4().hex
+        if rid in self.rid_to_state:
+            raise GenerateError(f"request id {rid!r} is already in use")
+        if not obj.created_time:
+            obj.created_time = time.time()
+        checked = self.builder.check(obj, rid)
+        return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
+
+    async def generate_tokenized(
+        self, tokenized: TokenizedGenerateReqInput, payload: bytes | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        self._raise_if_unhealthy()
+        rid = tokenized.rid
+        if rid in self.rid_to_state:
+            raise GenerateError(f"request id {rid!r} is already in use")
+        sp = tokenized.sampling_params
+        state = _ReqState(rid, tokenized.stream, list(sp.stop), tokenized.created_time)
+        self.rid_to_state[rid] = state
+        try:
+            if payload is None:
+                payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
+            await self._send_sock.send(payload, copy=False)
+            while True:
+                await state.event.wait()
+                state.event.clear()
+                if state.error is not None:
+                    raise state.error
+                if state.finished_reason is not None:
+                    yield self._final_output(state)
+                    return
+                if state.stream:
+                    out = self._stream_output(state)
+                    if out is not None:
+                        yield out
+        finally:
+            if self.rid_to_state.get(rid) is state:  # left early: client gone or cancelled
+                self.abort_request(rid)
+
+    def _meta(self, state: _ReqState) -> dict[str, Any]:
+        meta = {"id": state.rid, **state.meta_info}
+        fr = state.finished_reason
+        meta["finish_reason"] = fr.to_json() if fr is not None else None
+        meta["e2e_latency"] = time.time() - state.created_time
+        return meta
+
+    def _stream_output(self, state: _ReqState) -> dict[str, Any] | None:
+        visible = len(state.text) - _stop_prefix_holdback(state.text, state.stop)
+        if visible <= state.sent_text_len and len(state.output_ids) <= state.sent_ids_len:
+            return None
+        state.sent_text_len = max(visible, state.sent_text_len)
+        state.sent_ids_len = len(state.output_ids)
+        return {"text": state.text[: state.sent_text_len], "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
+
+    def _final_output(self, state: _ReqState) -> dict[str, Any]:
+        fr = state.finished_reason
+        if fr.type == "abort":
+            status = fr.status_code or 500
+            raise GenerateError(fr.message or "request aborted", status, "invalid_request_error" if status < 500 else "server_error")
+        text = state.text
+        if fr.type == "stop" and isinstance(fr.matched, str) and fr.matched and fr.matched in text:
+            text = text[: text.find(fr.matched)]
+        return {"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
+
+    def abort_request(self, rid: str) -> None:
+        """Forget `rid` and tell the scheduler to drop it (frees its KV slots). Never blocks."""
+        self.rid_to_state.pop(rid, None)
+        if self._send_sock is None or self._closing or not self.healthy:
+            return
+        # Not awaited: this runs from cancelled tasks, where another await would be cancelled too.
+        self._send_sock.send_pyobj(AbortReq(rid=rid)).add_done_callback(_log_send_failure)
+
+    # ------------------------------------------------------------------ receive
+    async def _handle_loop(self) -> None:
+        try:
+            while True:
+                msg = await self._recv_sock.recv_pyobj()
+                if isinstance(msg, BatchStrOut):
+                    self._handle_batch_str_out(msg)
+                elif isinstance(msg, FlushCacheReqOutput):
+                    _resolve_first(self._flush_waiters, msg)
+                elif isinstance(msg, GetServerInfoReqOutput):
+                    _resolve_first(self._info_waiters, msg)
+                else:
+                    logger.warning("tokenizer manager: ignoring unexpected message %s", type(msg).__name__)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            # Without this loop nothing is ever answered again: fail loudly instead of hanging.
+            logger.exception("tokenizer manager receive loop failed")
+            self.mark_dead(f"receive loop failed: {type(e).__name__}: {e}")
+
+    def _handle_batch_str_out(self, msg: BatchStrOut) -> None:
+        for i, rid in enumerate(msg.rids):
+            state = self.rid_to_state.get(rid)
+            if state is None:  # aborted or already failed
+                continue
+            state.text += msg.output_strs[i]
+            state.output_ids.extend(msg.new_token_ids[i])
+            if i < len(msg.meta_info) and msg.meta_info[i]:
+                state.meta_info.update(msg.meta_info[i])
+            state.meta_info["prompt_tokens"] = msg.prompt_tokens[i]
+            state.meta_info["completion_tokens"] = msg.completion_tokens[i]
+            state.meta_info["cached_tokens"] = msg.cached_tokens[i]
+            if msg.finished_reasons[i] is not None:
+                state.finished_reason = msg.finished_reasons[i]
+                del self.rid_to_state[rid]
+            state.event.set()
+
+    # ------------------------------------------------------------------ control
+    async def flush_cache(self, timeout: float = CONTROL_TIMEOUT_S) -> FlushCacheReqOutput:
+        return await self._control(FlushCacheReq(), self._flush_waiters, timeout)
+
+    async def get_server_info(self, timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        out = await self._control(GetServerInfoReq(), self._info_waiters, timeout)
+        return out.info
+
+    async def _control(self, req: Any, waiters: list[asyncio.Future], timeout: float) -> Any:
+        self._raise_if_unhealthy()
+        fut = asyncio.get_running_loop().create_future()
+        waiters.append(fut)
+        await self._send_sock.send_pyobj(req)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise GenerateError(
+                f"the scheduler did not answer {type(req).__name__} within {timeout:g} s", 504, "timeout"
+            ) from None
+        finally:
+            if fut in waiters:
+                waiters.remove(fut)
+
+
+def _resolve_first(waiters: list[asyncio.Future], msg: Any) -> None:
+    """Replies come back in request order; waiters that timed out are skipped."""
+    while waiters:
+        fut = waiters.pop(0)
+        if not fut.done():
+            fut.set_result(msg)
+            return
+
+
+def _log_send_failure(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        logger.warning("could not send an abort to the scheduler: %s", fut.exception())
+
+
+def _stop_prefix_holdback(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a stop string: streamed text
+    holds it back until it is known not to start a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

@@ -1,0 +1,58 @@
+"""Pure helpers of the request path: chat message splitting, sampling-param parsing, and the
+stop-string holdback that keeps streamed text from showing the start of a stop string."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang.srt.managers.chat_messages import split_chat_images
+from sglang.srt.managers.request_builder import GenerateError, make_sampling_params, merge_image_sources
+from sglang.srt.managers.tokenizer_manager import _stop_prefix_holdback
+
+
+def test_split_chat_images_keeps_order_and_renders_image_parts():
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:a"}},
+            {"type": "text", "text": "and"},
+            {"type": "image_url", "image_url": "data:b"},
+            {"type": "image"},
+        ]},
+    ]
+    out, images = split_chat_images(msgs)
+    assert images == ["data:a", "data:b", None]
+    assert out[1]["content"] == [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}, {"type": "image"}]
+    assert msgs[1]["content"][0]["type"] == "image_url"  # the caller's messages are not modified
+    assert merge_image_sources(images, ["pil"]) == ["data:a", "data:b", "pil"]
+    with pytest.raises(GenerateError, match="1 image part"):
+        merge_image_sources(images, [])
+
+
+@pytest.mark.parametrize("msgs, match", [
+    ([], "non-empty"),
+    ([{"role": "wizard", "content": "x"}], "role"),
+    ([{"role": "user", "content": 5}], "content"),
+    ([{"role": "user", "content": [{"type": "video_url"}]}], "video_url"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "image_url.url"),
+])
+def test_split_chat_images_names_the_problem(msgs, match):
+    with pytest.raises(ValueError, match=match):
+        split_chat_images(msgs)
+
+
+def test_make_sampling_params():
+    sp, to_context = make_sampling_params({"max_new_tokens": None, "temperature": 0, "stop": "x", "top_p": None})
+    assert to_context and sp.stop == ["x"] and sp.temperature == 0 and sp.top_p == 1.0
+    for raw, match in (({"temprature": 1}, "temprature"), ({"top_k": 0}, "top_k"), ({"temperature": "hot"}, "temperature"), ([], "object")):
+        with pytest.raises(GenerateError, match=match):
+            make_sampling_params(raw)
+
+
+@given(text=st.text("abc", max_size=12), stops=st.lists(st.text("abc", min_size=1, max_size=4), max_size=3))
+def test_holdback_is_the_longest_stop_prefix_suffix(text, stops):
+    k = _stop_prefix_holdback(text, stops)
+    expected = max([j for s in stops for j in range(1, len(s)) if text.endswith(s[:j])], default=0)
+    assert k == expected
