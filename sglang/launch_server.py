@@ -1,0 +1,33 @@
+"""`python -m sglang.launch_server [ServerArgs flags]`: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+
+def _exit_on_signal(signum: int, frame) -> None:
+    # Raised where the main thread is (model loading, or after uvicorn's own graceful shutdown
+    # re-raises the signal), so the `finally` blocks kill the children and remove the ipc dir.
+    raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs.from_argv(argv)
+    logging.basicConfig(
+        level=getattr(logging, server_args.log_level.upper()),
+        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+    )
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_on_signal)
+
+    from sglang.srt.entrypoints.http_server import launch_server
+
+    return launch_server(server_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

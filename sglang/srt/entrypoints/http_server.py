@@ -1,0 +1,242 @@
+"""The HTTP server: FastAPI app over one TokenizerManager, served by uvicorn.
+
+Endpoints: /health, /v1/models, /get_model_info, /get_server_info, /flush_cache, native /generate and
+/v1/chat/completions. Errors are OpenAI-style JSON `{"error": {"message", "type", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from contextlib import asynccontextmanager
+from multiprocessing.process import BaseProcess
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
+from sglang.srt.entrypoints.openai.serving_chat import (
+    SSE_DONE,
+    OpenAIServingChat,
+    collect_until_disconnect,
+    error_response,
+    json_response,
+    parse_json_body,
+    sse,
+)
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import GenerateError, ServerUnhealthyError, TokenizerManager
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# After a child process dies: keep answering 503 this long (clients and balancers see why), then exit.
+EXIT_GRACE_S = 1.0
+
+
+def create_app(
+    tokenizer_manager: TokenizerManager,
+    server_args: ServerArgs,
+    child_processes: list[BaseProcess] | None = None,
+    on_child_death: Callable[[str], None] | None = None,
+) -> FastAPI:
+    tm = tokenizer_manager
+    model_name = server_args.served_model_name or tm.model_path
+    chat = OpenAIServingChat(tm, model_name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await tm.start(child_processes, on_child_death)
+        try:
+            yield
+        finally:
+            await tm.close()
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s", request.url.path)
+        return error_response(GenerateError(f"internal server error: {type(exc).__name__}: {exc}", 500, "server_error"))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not tm.healthy:
+            return error_response(ServerUnhealthyError(f"server unavailable: {tm.dead_reason}"))
+        return json_response({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        card = ModelCard(id=model_name, root=tm.model_path, max_model_len=tm.context_length)
+        return json_response(ModelList(data=[card]).model_dump())
+
+    @app.get("/get_model_info")
+    async def model_info() -> Response:
+        return json_response({
+            "model_path": tm.model_path,
+            "tokenizer_path": server_args.tokenizer_path or tm.model_path,
+            "served_model_name": model_name,
+            "is_generation": True,
+            "is_multimodal": tm.processor is not None,
+            "architectures": tm.hf_config.get("architectures"),
+            "model_type": tm.hf_config.get("model_type"),
+            "context_length": tm.context_length,
+        })
+
+    @app.get("/get_server_info")
+    async def server_info() -> Response:
+        try:
+            info = await tm.get_server_info()
+        except GenerateError as e:
+            return error_response(e)
+        return json_response({**dataclasses.asdict(server_args), "model_path": tm.model_path, **info})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        try:
+            out = await tm.flush_cache()
+        except GenerateError as e:
+            return error_response(e)
+        if not out.success:
+            return error_response(GenerateError(f"cache not flushed: {out.message}"))
+        return json_response({"success": True, "message": "cache flushed"})
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        created = time.time()
+        try:
+            objs, batch = native_requests(parse_json_body(await request.body()), created)
+            prepared = [await tm.tokenize_request(obj) for obj in objs]
+        except GenerateError as e:
+            return error_response(e)
+        streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
+        if objs[0].stream:
+            return StreamingResponse(_native_sse(streams[0]), media_type="text/event-stream")
+        try:
+            out = await collect_until_disconnect(request, _gather_finals(streams) if batch else streams[0])
+        except GenerateError as e:
+            return error_response(e)
+        return Response(status_code=499) if out is None else json_response(out)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await chat.create_chat_completion(request)
+
+    return app
+
+
+def native_requests(data: dict[str, Any], created: float) -> tuple[list[GenerateReqInput], bool]:
+    """The native /generate body -> one GenerateReqInput per prompt, and whether it was a batch."""
+    text, input_ids = data.get("text"), data.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise GenerateError("give exactly one of 'text' or 'input_ids'")
+    batch = isinstance(text, list) or (isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list))
+    prompts = (text if isinstance(text, list) else input_ids) if batch else [text if text is not None else input_ids]
+    if batch and not prompts:
+        raise GenerateError("the batch is empty")
+    n = len(prompts)
+    stream = bool(data.get("stream", False))
+    if batch and stream:
+        raise GenerateError("stream is only supported for a single prompt")
+    images = data.get("image_data")
+    if batch:
+        per_images = images if images is not None else [None] * n
+        if not isinstance(per_images, list) or len(per_images) != n:
+            raise GenerateError(f"a batch of {n} prompts needs image_data as a list of {n} entries")
+    else:
+        per_images = [images]
+    params = data.get("sampling_params")
+    per_params = params if isinstance(params, list) else [params] * n
+    if len(per_params) != n:
+        raise GenerateError(f"a batch of {n} prompts needs {n} sampling_params")
+    rid = data.get("rid")
+    rids = (rid if rid is not None else [None] * n) if batch else [rid]
+    if not isinstance(rids, list) or len(rids) != n:
+        raise GenerateError(f"a batch of {n} prompts needs rid as a list of {n} ids")
+    objs = []
+    for i, prompt in enumerate(prompts):
+        img = per_images[i]
+        objs.append(GenerateReqInput(
+            text=prompt if text is not None else None,
+            input_ids=prompt if input_ids is not None else None,
+            image_data=[] if img is None else list(img) if isinstance(img, list) else [img],
+            sampling_params=per_params[i] if per_params[i] is not None else {},
+            stream=stream,
+            rid=rids[i],
+            created_time=created,
+        ))
+    return objs, batch
+
+
+async def _gather_finals(streams: list[AsyncIterator[dict]]) -> AsyncIterator[list[dict]]:
+    async def last(s: AsyncIterator[dict]) -> dict:
+        out = None
+        async for out in s:
+            pass
+        return out
+
+    tasks = [asyncio.ensure_future(last(s)) for s in streams]
+    try:
+        yield list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _native_sse(outputs: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    try:
+        async for out in outputs:
+            yield sse(out)
+    except GenerateError as e:
+        yield sse({"error": {"message": e.message, "type": e.err_type, "code": e.status_code}})
+    finally:
+        await outputs.aclose()
+    yield SSE_DONE
+
+
+# ----------------------------------------------------------------------------- process entry
+def launch_server(server_args: ServerArgs) -> int:
+    """Starts the engine processes and serves HTTP until SIGINT/SIGTERM or a child dies; always kills
+    the children and removes the ipc directory. Returns the process exit code."""
+    import uvicorn
+
+    from sglang.srt.entrypoints.engine import launch_subprocesses, shutdown_subprocesses
+
+    tm, procs, port_args = launch_subprocesses(server_args)
+    server_box: list[uvicorn.Server] = []
+
+    def on_child_death(reason: str) -> None:
+        def stop() -> None:
+            server_box[0].should_exit = True
+
+        asyncio.get_running_loop().call_later(EXIT_GRACE_S, stop)
+
+    try:
+        app = create_app(tm, server_args, procs, on_child_death)
+        config = uvicorn.Config(
+            app,
+            host=server_args.host,
+            port=server_args.port,
+            log_level=server_args.log_level,
+            access_log=server_args.log_level == "debug",
+            loop="asyncio",
+            http="h11",
+            timeout_graceful_shutdown=5,
+        )
+        server_box.append(uvicorn.Server(config))
+        logger.info("serving on http://%s:%d", server_args.host, server_args.port)
+        server_box[0].run()
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
+        shutdown_subprocesses(procs, port_args)
+    if tm.dead_reason:
+        logger.error("exiting: %s", tm.dead_reason)
+        return 1
+    return 0

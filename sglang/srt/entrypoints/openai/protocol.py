@@ -1,0 +1,171 @@
+"""OpenAI chat-completions wire types (pydantic). Requests tolerate unknown fields, as OpenAI clients
+send many; fields we cannot honour are refused by `ChatCompletionRequest.unsupported()` instead of
+being silently ignored."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Tolerant(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ----------------------------------------------------------------------------- request
+class ImageURL(_Tolerant):
+    url: str
+    detail: str | None = None
+
+
+class TextPart(_Tolerant):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURLPart(_Tolerant):
+    type: Literal["image_url"]
+    image_url: ImageURL | str
+
+
+ContentPart = Annotated[Union[TextPart, ImageURLPart], Field(discriminator="type")]
+
+
+class ChatMessage(_Tolerant):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(_Tolerant):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Tolerant):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: bool = False
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+    # SGLang extensions
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stop_token_ids: list[int] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    rid: str | None = None
+
+    def unsupported(self) -> str | None:
+        """A message naming the first requested feature this server does not implement, if any."""
+        if self.n != 1:
+            return f"n={self.n} is not supported: only n=1"
+        if self.frequency_penalty or self.presence_penalty:
+            return "frequency_penalty and presence_penalty are not supported (leave them at 0)"
+        if self.logprobs:
+            return "logprobs are not supported"
+        if self.tools:
+            return "tools are not supported"
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            return f"response_format {self.response_format.get('type')!r} is not supported"
+        return None
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# ----------------------------------------------------------------------------- response
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"] | None = None
+    matched_stop: int | str | None = None
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str = Field(default_factory=completion_id)
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatCompletionStreamChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    finish_reason: Literal["stop", "length"] | None = None
+    matched_stop: int | str | None = None
+
+
+class ChatCompletionStreamResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    code: int = 400
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "sglang"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

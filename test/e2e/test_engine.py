@@ -1,0 +1,80 @@
+"""The offline `sglang.Engine` in this process: generate (single, batch, stream, images), errors,
+control calls, and a shutdown that leaves no child process or ipc directory behind."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import sglang
+from conftest import CASES, build_case, pid_alive
+from sglang.srt.managers.tokenizer_manager import GenerateError
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")  # read by the spawned children only; see conftest.ServerProcess
+        e = sglang.Engine(model_path=str(model_dir), dtype="float32", device="cpu", log_level="warning",
+                          max_total_tokens=1024)
+    yield e
+    e.shutdown()
+
+
+@pytest.mark.parametrize("case", ["text_only", "three_images_mixed_sizes"])
+def test_generate_messages_match_transformers(engine, hf_ref, case):
+    _, tmpl, images = build_case(CASES[case])
+    out = engine.generate(messages=tmpl, image_data=images, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0})
+    assert out["output_ids"] == hf_ref.greedy(case, tmpl, images, MAX_NEW)
+    assert out["meta_info"]["prompt_tokens"] == len(hf_ref.prompt(tmpl, images)[0])
+
+
+def test_batch_stream_and_early_stop(engine):
+    params = {"max_new_tokens": 6, "temperature": 0}
+    batch = engine.generate(["Hello there", "General Kenobi"], sampling_params=params)
+    singles = [engine.generate(p, sampling_params=params) for p in ["Hello there", "General Kenobi"]]
+    assert [b["output_ids"] for b in batch] == [s["output_ids"] for s in singles]
+    chunks = list(engine.generate("Hello there", sampling_params=params, stream=True))
+    assert chunks[-1]["text"] == singles[0]["text"] and chunks[-1]["meta_info"]["finish_reason"] is not None
+    stream = engine.generate("Hello there", sampling_params={"max_new_tokens": 3000, "ignore_eos": True}, stream=True)
+    next(stream)
+    stream.close()  # aborts the request in the scheduler
+    info = engine.get_server_info()
+    assert info["num_running_reqs"] + info["num_waiting_reqs"] <= 1
+    assert engine.flush_cache() in (True, False)
+
+
+def test_bad_input_raises_with_status(engine):
+    with pytest.raises(GenerateError, match="temperature") as e:
+        engine.generate("hi", sampling_params={"temperature": -1})
+    assert e.value.status_code == 400
+    with pytest.raises(GenerateError, match="placeholder"):
+        engine.generate("no placeholder here", image_data=build_case(CASES["one_image"])[2])
+    with pytest.raises(GenerateError, match="KV cache holds 1024"):
+        engine.generate(input_ids=[100] * 1500)
+
+
+def test_shutdown_leaves_nothing(engine):
+    procs, ipc_dir = list(engine._procs), engine._port_args.ipc_dir
+    assert all(p.is_alive() for p in procs) and os.path.isdir(ipc_dir)
+    engine.shutdown()
+    engine.shutdown()  # idempotent
+    assert not any(pid_alive(p.pid) for p in procs)
+    assert not os.path.exists(ipc_dir)
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.generate("hi")
+
+
+def test_launch_failure_is_reported_and_cleaned_up(tmp_path, monkeypatch):
+    import tempfile
+
+    from conftest import child_pids
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where PortArgs puts the ipc directory
+    with pytest.raises(RuntimeError, match="sglang-(sched0|detok).*(failed to start|exited)"):
+        sglang.Engine(model_path=str(tmp_path / "no-such-model"), dtype="float32", device="cpu", log_level="error")
+    assert not [pid for pid, name in child_pids(os.getpid()).items() if name.startswith("sglang-") and pid_alive(pid)]
+    assert list(tmp_path.glob("sglang-ipc-*")) == []
