@@ -72,10 +72,19 @@ class ServerArgs:
             problems.append("--limit-mm-per-prompt must be >= 0")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             problems.append("--node-rank must be in [0, --nnodes)")
+        elif self.tp_size % self.nnodes:
+            problems.append("--tp-size must be a multiple of --nnodes")
+        elif self.nnodes > 1 and not self.dist_init_addr:
+            problems.append("--dist-init-addr host:port is required with --nnodes > 1")
         if problems:
             raise ValueError("; ".join(problems))
 
     # ------------------------------------------------------------------ derived
+    def local_tp_ranks(self) -> range:
+        """The TP ranks this node hosts: a contiguous block per node."""
+        per_node = self.tp_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
+
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device

@@ -97,8 +97,11 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
         readers[reader] = p
 
     try:
-        for rank in range(server_args.tp_size):
+        for rank in server_args.local_tp_ranks():
             spawn(f"sglang-sched{rank}", _scheduler_target, (server_args, port_args, rank))
+        if server_args.node_rank != 0:  # worker node: its scheduler ranks only; node 0 serves requests
+            ready = _wait_ready(readers, start_timeout)
+            return None, procs, port_args
         spawn("sglang-detok", _detokenizer_target, (server_args, port_args))
         ready = _wait_ready(readers, start_timeout)
         scheduler_info = next((m for m in ready if isinstance(m, SchedulerReady)), None)

@@ -200,6 +200,21 @@ async def _native_sse(outputs: AsyncIterator[dict]) -> AsyncIterator[bytes]:
 
 
 # ----------------------------------------------------------------------------- process entry
+def _serve_worker_node(server_args: ServerArgs, procs, port_args) -> int:
+    """A node other than 0 hosts scheduler ranks only: wait until one of them exits (the group is
+    torn down, or a peer failed), then stop the rest."""
+    from multiprocessing.connection import wait
+
+    from sglang.srt.entrypoints.engine import shutdown_subprocesses
+
+    logger.info("node %d: %d scheduler rank(s) joined the group", server_args.node_rank, len(procs))
+    try:
+        wait([p.sentinel for p in procs])
+    finally:
+        shutdown_subprocesses(procs, port_args)
+    return 0 if all(p.exitcode == 0 for p in procs) else 1
+
+
 def launch_server(server_args: ServerArgs) -> int:
     """Starts the engine processes and serves HTTP until SIGINT/SIGTERM or a child dies; always kills
     the children and removes the ipc directory. Returns the process exit code."""
@@ -208,6 +223,8 @@ def launch_server(server_args: ServerArgs) -> int:
     from sglang.srt.entrypoints.engine import launch_subprocesses, shutdown_subprocesses
 
     tm, procs, port_args = launch_subprocesses(server_args)
+    if tm is None:
+        return _serve_worker_node(server_args, procs, port_args)
     server_box: list[uvicorn.Server] = []
 
     def on_child_death(reason: str) -> None:

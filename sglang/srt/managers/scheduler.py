@@ -5,10 +5,7 @@ to the detokenizer. The loop itself is small; policy and KV bookkeeping live in 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
-import threading
 import time
 import traceback
 
@@ -362,21 +359,8 @@ def _min_across_ranks(value: int, tp: TPInfo) -> int:
     return int(t.item())
 
 
-def _watch_parent(parent_pid: int) -> None:
-    """Exits this process when its parent is gone, so no scheduler outlives the server."""
-    while True:
-        if os.getppid() != parent_pid:
-            os._exit(1)
-        time.sleep(1.0)
-
-
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer) -> None:
-    logging.basicConfig(
-        level=getattr(logging, server_args.log_level.upper()),
-        format=f"[%(asctime)s TP{tp_rank}] %(levelname)s %(name)s: %(message)s",
-    )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent coordinates shutdown
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    """Scheduler process body (the engine's child wrapper sets up logging, SIGINT and parent watch)."""
     torch.manual_seed(server_args.random_seed)
     try:
         ranks_per_node = server_args.tp_size // server_args.nnodes
