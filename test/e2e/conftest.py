@@ -286,6 +286,7 @@ class HFReference:
         return self.processor.process(ids, images)
 
     def greedy(self, key: str, template_messages: list[dict], images: list[Image.Image], max_new_tokens: int) -> list[int]:
+        key = (key, max_new_tokens)  # the same prompt is asked for with different lengths
         if key not in self._cache:
             torch = self.torch
             ids, mm = self.prompt(template_messages, images)
