@@ -64,6 +64,8 @@ envs.add("SGLANG_VLM_CACHE_SIZE_MB", 100.0, float, "Byte budget (MiB) of the vis
 envs.add("SGLANG_VIT_CHUNK_PER_IMAGE", True, _parse_bool,
          "Chunked prefill encodes only the images overlapping each chunk, cached per image hash (0: baseline, "
          "the first chunk touching any image encodes all of the request's images, cached under their combined hash).")
+envs.add("SGLANG_VLM_STAGE_TIMER", False, _parse_bool,
+         "Time every VLM pipeline stage per request (same as --enable-vlm-stage-timer).")
 envs.add("SGLANG_TEST_DEVICE", "cpu", str, "Device the test suite runs models on (cpu or cuda).")
 envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
          "ViT patch embedding as one Linear, Conv3d checkpoint weights reshaped at load (0: baseline Conv3d).")

@@ -40,6 +40,8 @@ class ServerArgs:
     log_level: str = field(default="info", metadata=_arg(
         "logging level", choices=("debug", "info", "warning", "error")))
     enable_metrics: bool = field(default=False, metadata=_arg("serve Prometheus metrics on /metrics"))
+    enable_vlm_stage_timer: bool = field(default=False, metadata=_arg(
+        "time each VLM pipeline stage per request: log lines, meta_info['stage_timings_ms'], metrics"))
     limit_mm_per_prompt: int = field(default=32, metadata=_arg("max images per request"))
     allowed_local_media_path: str | None = field(default=None, metadata=_arg(
         "directory local image paths must lie under (default: local paths refused)"))

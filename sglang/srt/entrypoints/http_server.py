@@ -70,6 +70,12 @@ def create_app(
             return error_response(ServerUnhealthyError(f"server unavailable: {tm.dead_reason}"))
         return json_response({"status": "ok"})
 
+    if tm.metrics is not None:
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(await tm.render_metrics(), media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/models")
     async def models() -> Response:
         card = ModelCard(id=model_name, root=tm.model_path, max_model_len=tm.context_length)

@@ -46,6 +46,8 @@ class TokenizedGenerateReqInput:
     created_time: float = 0.0  # time.time() when the HTTP request arrived
     # stage timings measured before the scheduler (ms); the stage timer fills these
     stage_timings_ms: dict[str, float] = field(default_factory=dict)
+    # time.time() when the tokenizer started sending (the stage timer's `recv` starts here)
+    send_time: float = 0.0
     # wall time of the TP broadcast that delivered this request to every rank (set by rank 0)
     tp_broadcast_ms: float = 0.0
 

@@ -7,6 +7,7 @@ real vocabulary ids.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import torch
@@ -49,6 +50,46 @@ def general_mm_embed_routine(
     Baseline behaviour: a chunk that touches any image of a request encodes all of that request's
     images (in one ViT call) and takes the rows it needs.
     """
+    if forward_batch.stage_timings is None:
+        return _embed(input_ids, forward_batch, embed_tokens, encode_images, hidden_size)
+    # Stage timer: the ViT time of this batch is charged to every request with image rows in it.
+    vit_ms = [0.0]
+
+    sync = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
+
+    def timed_encode(items):
+        sync()
+        start = time.perf_counter()
+        out = encode_images(items)
+        sync()
+        vit_ms[0] += (time.perf_counter() - start) * 1e3
+        return out
+
+    start = time.perf_counter()
+    result = _embed(input_ids, forward_batch, embed_tokens, timed_encode, hidden_size)
+    sync()
+    merge_ms = (time.perf_counter() - start) * 1e3 - vit_ms[0]
+    if forward_batch.forward_mode.is_extend():
+        touched = _requests_with_images(forward_batch)
+        for stage, ms in (("vit_encode", vit_ms[0]), ("embed_merge", merge_ms)):
+            forward_batch.stage_totals[stage] = forward_batch.stage_totals.get(stage, 0.0) + ms
+            for i in touched:
+                t = forward_batch.stage_timings[i]
+                t[stage] = t.get(stage, 0.0) + ms
+    return result
+
+
+def _requests_with_images(forward_batch) -> list[int]:
+    out = []
+    for i, mm in enumerate(forward_batch.mm_inputs):
+        if mm is not None and mm.mm_items:
+            pre, n = forward_batch.extend_prefix_lens_cpu[i], forward_batch.extend_seq_lens_cpu[i]
+            if chunk_image_spans(mm, pre, pre + n):
+                out.append(i)
+    return out
+
+
+def _embed(input_ids, forward_batch, embed_tokens, encode_images, hidden_size):
     positions: list[torch.Tensor] = []
     rows: list[torch.Tensor] = []
     cache = forward_batch.mm_embedding_cache

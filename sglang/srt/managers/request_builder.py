@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import MediaFetcher, is_http_url
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
 
 
 class GenerateError(Exception):
@@ -80,6 +82,7 @@ class RequestBuilder:
         self.fetcher = MediaFetcher(server_args.media_fetch_timeout, server_args.media_max_bytes)
         # Only per-image work runs here: `build` itself runs in another pool and waits on this one.
         self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
+        self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
 
     def close(self) -> None:
@@ -126,9 +129,11 @@ class RequestBuilder:
                 with self._tokenizer_lock:
                     ids = self.tokenizer.encode(prompt, add_special_tokens=False)
             mm_inputs = None
+            timings: dict[str, float] = {}
             if self.processor is not None:
-                images = list(self.image_pool.map(self._fetch_if_url, req.images)) if req.images else []
-                ids, mm = self.processor.process(ids, images, executor=self.image_pool)
+                with self.stage_timer.measure(timings, "processor"):
+                    images = list(self.image_pool.map(self._fetch_if_url, req.images)) if req.images else []
+                    ids, mm = self.processor.process(ids, images, executor=self.image_pool)
                 mm_inputs = mm if images else None
         except GenerateError:
             raise
@@ -140,8 +145,9 @@ class RequestBuilder:
         sampling.max_new_tokens = room if req.to_context else min(sampling.max_new_tokens, room)
         tokenized = TokenizedGenerateReqInput(
             rid=req.rid, input_ids=ids, sampling_params=sampling, mm_inputs=mm_inputs, stream=obj.stream,
-            input_text=prompt, created_time=obj.created_time,
+            input_text=prompt, created_time=obj.created_time, stage_timings_ms=timings if mm_inputs else {},
         )
+        tokenized.send_time = time.time()  # the `send` stage starts with serialization
         return tokenized, pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _check_length(self, prompt_len: int) -> None:

@@ -55,6 +55,7 @@ class Req:
         )
         self.first_token_time: float | None = None
         self.tp_broadcast_ms = 0.0
+        self.upstream_stages: frozenset[str] = frozenset()  # stage timings measured before the scheduler
         self.queue_start = time.perf_counter()
 
     # ------------------------------------------------------------------ views
@@ -105,7 +106,7 @@ class ScheduleBatch:
     def is_empty(self) -> bool:
         return not self.reqs
 
-    def to_forward_batch(self, req_to_token: torch.Tensor, device) -> ForwardBatch:
+    def to_forward_batch(self, req_to_token: torch.Tensor, device, stage_timer_on: bool = False) -> ForwardBatch:
         ids: list[int] = []
         pos: list[torch.Tensor] = []
         seq_lens: list[int] = []
@@ -131,4 +132,6 @@ class ScheduleBatch:
             extend_seq_lens_cpu=list(self.extend_lens),
             extend_prefix_lens_cpu=list(self.prefix_lens),
             mm_inputs=[r.mm_inputs for r in self.reqs] if self.mode.is_extend() else [],
+            stage_timings=[r.stage_timings_ms for r in self.reqs] if stage_timer_on else None,
+            stage_totals={} if stage_timer_on else None,
         )

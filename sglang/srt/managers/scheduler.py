@@ -35,6 +35,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.multimodal.hashing import ensure_item_hashes
 from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.vlm_stage_timer import STAGES, VlmStageTimer, rounded, stage_timer_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class Scheduler:
         self.tree = RadixCache(runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache)
         self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree)
         self.eos_ids = set(self.model_config.eos_token_ids)
+        self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args), tp.rank)
         self._tokenizer = None
         self._tokenizer_path = server_args.tokenizer_path or model_path
 
@@ -120,13 +122,19 @@ class Scheduler:
         req = Req(recv.rid, recv.input_ids, recv.sampling_params, recv.mm_inputs, recv.stream,
                   recv.created_time, recv.stage_timings_ms)
         req.tp_broadcast_ms = recv.tp_broadcast_ms
+        req.upstream_stages = frozenset(recv.stage_timings_ms)
+        if self.stage_timer.enabled:
+            if recv.send_time:
+                self.stage_timer.add(req.stage_timings_ms, "recv", (time.time() - recv.send_time) * 1e3)
+            self.stage_timer.add(req.stage_timings_ms, "broadcast", recv.tp_broadcast_ms)
         error = self._validate(req)
         if error:
             self.finish(req, FinishReason("abort", message=error, status_code=400))
             return
         if req.mm_inputs is not None and req.mm_inputs.mm_items:
             # Baseline: every image is hashed here, in the scheduler loop, when the request arrives.
-            ensure_item_hashes(req.mm_inputs)
+            with self.stage_timer.measure(req.stage_timings_ms, "hash"):
+                ensure_item_hashes(req.mm_inputs)
             req.prompt_key = pad_input_ids(req.origin_input_ids, req.mm_inputs)
         self.waiting.append(req)
 
@@ -225,9 +233,17 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
     def run_batch(self, batch: ScheduleBatch) -> None:
-        next_ids = self.worker.forward_batch_generation(batch)
-        self.last_progress = time.monotonic()
+        timer = self.stage_timer
+        start = time.perf_counter()
+        next_ids, totals = self.worker.forward_batch_generation(batch, timer.enabled)
         now = time.perf_counter()
+        self.last_progress = time.monotonic()
+        if timer.enabled:
+            step_ms = (now - start) * 1e3
+            if batch.mode.is_extend():
+                step_ms -= totals.get("vit_encode", 0.0) + totals.get("embed_merge", 0.0)
+            for r in batch.reqs:
+                timer.add(r.stage_timings_ms, "llm_prefill" if batch.mode.is_extend() else "decode", step_ms)
         if batch.mode.is_extend():
             self.chunked_req = None
             for req, tok in zip(batch.reqs, next_ids):
@@ -238,6 +254,7 @@ class Scheduler:
                     self.running.append(req)
                     continue
                 req.first_token_time = now
+                timer.add(req.stage_timings_ms, "first_token", (time.time() - req.created_time) * 1e3)
                 self._append_token(req, tok)
                 if not req.finished():
                     self.running.append(req)
@@ -273,6 +290,8 @@ class Scheduler:
 
     def finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
+        # stages measured upstream (tokenizer process) were logged there
+        self.stage_timer.emit(req.rid, req.stage_timings_ms, [st for st in STAGES if st not in req.upstream_stages])
         self.kv.release(req)
         self.outbox.append(req)
 
@@ -305,7 +324,7 @@ class Scheduler:
         if req.mm_inputs is not None:
             meta["vit_encoded_images"] = req.mm_inputs.num_vit_encoded
         if req.stage_timings_ms:
-            meta["stage_timings_ms"] = dict(req.stage_timings_ms)
+            meta["stage_timings_ms"] = rounded(req.stage_timings_ms)
         return meta
 
     def send(self, obj) -> None:

@@ -33,7 +33,9 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.request_builder import GenerateError, RequestBuilder, ServerUnhealthyError
+from sglang.srt.metrics.prometheus import ServingMetrics
 from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.vlm_stage_timer import rounded
 
 __all__ = ["GenerateError", "ServerUnhealthyError", "TokenizerManager"]
 
@@ -56,6 +58,8 @@ class _ReqState:
     error: GenerateError | None = None
     sent_text_len: int = 0
     sent_ids_len: int = 0
+    stage_timings: dict[str, float] = field(default_factory=dict)  # measured in this process
+    last_output_time: float = 0.0
 
 
 class TokenizerManager:
@@ -69,6 +73,8 @@ class TokenizerManager:
         self.processor = self.builder.processor
         self.hf_config = self.builder.hf_config
         self.context_length = self.builder.context_length
+        self.stage_timer = self.builder.stage_timer
+        self.metrics = ServingMetrics(server_args.served_model_name or self.model_path) if server_args.enable_metrics else None
         self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
 
         self.rid_to_state: dict[str, _ReqState] = {}
@@ -202,6 +208,10 @@ class TokenizerManager:
             if payload is None:
                 payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
             await self._send_sock.send(payload, copy=False)
+            if self.stage_timer.enabled:
+                if tokenized.send_time:
+                    self.stage_timer.add(state.stage_timings, "send", (time.time() - tokenized.send_time) * 1e3)
+                self.stage_timer.emit(rid, {**tokenized.stage_timings_ms, **state.stage_timings}, ("processor", "send"))
             while True:
                 await state.event.wait()
                 state.event.clear()
@@ -220,6 +230,8 @@ class TokenizerManager:
 
     def _meta(self, state: _ReqState) -> dict[str, Any]:
         meta = {"id": state.rid, **state.meta_info}
+        if state.stage_timings:
+            meta["stage_timings_ms"] = {**meta.get("stage_timings_ms", {}), **rounded(state.stage_timings)}
         fr = state.finished_reason
         meta["finish_reason"] = fr.to_json() if fr is not None else None
         meta["e2e_latency"] = time.time() - state.created_time
@@ -277,6 +289,8 @@ class TokenizerManager:
             if state is None:  # aborted or already failed
                 continue
             state.text += msg.output_strs[i]
+            if self.metrics is not None:
+                self._observe(state, len(msg.new_token_ids[i]))
             state.output_ids.extend(msg.new_token_ids[i])
             if i < len(msg.meta_info) and msg.meta_info[i]:
                 state.meta_info.update(msg.meta_info[i])
@@ -286,7 +300,27 @@ class TokenizerManager:
             if msg.finished_reasons[i] is not None:
                 state.finished_reason = msg.finished_reasons[i]
                 del self.rid_to_state[rid]
+                if self.metrics is not None:
+                    meta = self._meta(state)
+                    self.metrics.observe_finished(meta["e2e_latency"], meta, state.finished_reason.type)
             state.event.set()
+
+    def _observe(self, state: _ReqState, new_tokens: int) -> None:
+        now = time.time()
+        if not state.output_ids and new_tokens:
+            self.metrics.observe_first_token(now - state.created_time)
+        elif state.last_output_time:
+            self.metrics.observe_chunk(now - state.last_output_time, new_tokens)
+        state.last_output_time = now
+
+    async def render_metrics(self) -> str:
+        """Prometheus text; scheduler gauges are refreshed with a control call per scrape."""
+        if self.healthy:
+            try:
+                self.metrics.update_scheduler_state(await self.get_server_info(timeout=5.0))
+            except Exception as e:  # a slow scheduler must not break scraping
+                logger.warning("metrics: scheduler state unavailable: %s", e)
+        return self.metrics.render()
 
     # ------------------------------------------------------------------ control
     async def flush_cache(self, timeout: float = CONTROL_TIMEOUT_S) -> FlushCacheReqOutput:

@@ -33,11 +33,11 @@ class TpModelWorker:
         self.vocab_size = self.model_runner.model_config.text.vocab_size
 
     @torch.inference_mode()
-    def forward_batch_generation(self, batch: ScheduleBatch) -> list[int]:
+    def forward_batch_generation(self, batch: ScheduleBatch, stage_timer_on: bool = False) -> tuple[list[int], dict]:
         """Runs the batch; returns one sampled token per request (meaningful only for requests
-        whose prompt is complete after this step)."""
+        whose prompt is complete after this step) and the stage timer's batch totals."""
         runner = self.model_runner
-        fb = batch.to_forward_batch(runner.req_to_token_pool.req_to_token, runner.device)
+        fb = batch.to_forward_batch(runner.req_to_token_pool.req_to_token, runner.device, stage_timer_on)
         out = runner.forward(fb)
         info = SamplingBatchInfo.from_params(
             [r.sampling_params for r in batch.reqs],
@@ -45,4 +45,5 @@ class TpModelWorker:
             self.vocab_size,
             runner.device,
         )
-        return self.sampler(out.next_token_logits, info).tolist()
+        tokens = self.sampler(out.next_token_logits, info).tolist()  # .tolist() syncs the device
+        return tokens, fb.stage_totals or {}

@@ -41,6 +41,9 @@ class ForwardBatch:
     return_all_logits: bool = False
     mm_embedding_cache: Any = None  # the runner's embedding cache (per-image or baseline per-set)
     vit_chunk_per_image: bool = False  # encode only the images overlapping this chunk
+    # Stage timer (None when off): one dict per request, plus this batch's totals.
+    stage_timings: list[dict] | None = None
+    stage_totals: dict | None = None
 
     @property
     def batch_size(self) -> int:

@@ -1,0 +1,72 @@
+"""Per-request wall time of each VLM pipeline stage.
+
+Stages, in pipeline order (ms each):
+  processor    image fetch/decode/resize/normalize and placeholder expansion (tokenizer process)
+  hash         image content hashing (wherever it runs: scheduler in the baseline)
+  send         pickling the request and handing it to ZMQ (tokenizer process)
+  recv         from the start of `send` until the scheduler holds the request (transfer + unpickle)
+  broadcast    the TP broadcast that delivered the request to every rank
+  vit_encode   vision-encoder calls that encoded this request's images (a batched call counts fully
+               for every request in it)
+  embed_merge  scattering image embeddings into the token embeddings
+  llm_prefill  prefill forward time of the chunks of this request, ViT and merge excluded
+  first_token  from the HTTP request's arrival to its first token leaving the scheduler (server TTFT)
+  decode       decode steps of this request, summed
+
+Each finished stage is logged as `[VLM_STAGE_TIMER] <stage> | req=<rid> | wall=<ms> ms` (prefixed
+`[TP<rank>] ` in scheduler ranks), returned in `meta_info["stage_timings_ms"]`, and observed into the
+`sglang:vlm_stage_seconds` histogram when metrics are on. Off, every hook is one attribute test.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+
+STAGES = (
+    "processor", "hash", "send", "recv", "broadcast", "vit_encode", "embed_merge", "llm_prefill", "first_token",
+    "decode",
+)
+
+logger = logging.getLogger("sglang.vlm_stage_timer")
+
+
+def stage_timer_enabled(server_args) -> bool:
+    from sglang.srt.environ import envs
+
+    return bool(getattr(server_args, "enable_vlm_stage_timer", False)) or envs.SGLANG_VLM_STAGE_TIMER.get()
+
+
+class VlmStageTimer:
+    def __init__(self, enabled: bool, tp_rank: int | None = None):
+        self.enabled = enabled
+        self.prefix = f"[TP{tp_rank}] " if tp_rank is not None else ""
+
+    def add(self, timings: dict[str, float], stage: str, ms: float) -> None:
+        """Accumulates `ms` into `timings[stage]` (stages such as decode add up over steps)."""
+        if self.enabled:
+            timings[stage] = timings.get(stage, 0.0) + ms
+
+    @contextmanager
+    def measure(self, timings: dict[str, float], stage: str):
+        if not self.enabled:
+            yield
+            return
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(timings, stage, (time.perf_counter() - start) * 1e3)
+
+    def emit(self, rid: str, timings: dict[str, float], stages=STAGES) -> None:
+        """Logs the given stages of a request, in pipeline order."""
+        if not self.enabled:
+            return
+        for stage in stages:
+            if stage in timings:
+                logger.info("%s[VLM_STAGE_TIMER] %s | req=%s | wall=%.3f ms", self.prefix, stage, rid, timings[stage])
+
+
+def rounded(timings: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in timings.items()}
