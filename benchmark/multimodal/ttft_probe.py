@@ -141,8 +141,14 @@ def _summarize(n: int, runs: list[dict], error: str | None) -> dict[str, Any]:
     return row
 
 
+# Pipeline order of the stage timer (sglang/srt/vlm_stage_timer.py); unknown names go last.
+PIPELINE_ORDER = ("processor", "hash", "send", "recv", "broadcast", "vit_encode", "embed_merge", "llm_prefill",
+                  "first_token", "decode")
+
+
 def stage_names(rows: list[dict]) -> list[str]:
-    return list(dict.fromkeys(s for r in rows for s in r["stage_timings_ms"]))
+    names = dict.fromkeys(s for r in rows for s in r["stage_timings_ms"])
+    return sorted(names, key=lambda s: PIPELINE_ORDER.index(s) if s in PIPELINE_ORDER else len(PIPELINE_ORDER))
 
 
 def format_table(rows: list[dict]) -> str:
@@ -202,10 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3, help="requests per count; the median is reported")
     p.add_argument("--warmup", type=int, default=1, help="untimed one-image requests first")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="image seed (default: new images on every run, so a warm server gets no cache hit)")
     p.add_argument("--output-json", default="ttft_probe.json")
     p.add_argument("--plot", default="ttft_probe.png", help="PNG path, or 'none'")
-    p.add_argument("--plot-skip-stages", default="decode", help="stages left out of the stacked bars")
+    # first_token is itself a server-side TTFT (it spans the other stages): stacking it double counts
+    p.add_argument("--plot-skip-stages", default="first_token,decode", help="stages left out of the stacked bars")
     p.add_argument("--quiet", action="store_true")
     return p
 
