@@ -1,0 +1,160 @@
+"""Pixel data through POSIX shared memory (`/dev/shm`), referenced by small picklable pointers.
+
+Lifecycle, without the upstream failure modes:
+- the tokenizer process writes each item's pixels into its own segment and replaces the tensor with a
+  `ShmPointerMMData`; pickling the pointer (ZMQ, TP broadcast, any number of times) carries only the
+  metadata, never the pixels;
+- every TP rank calls `materialize()` only after the broadcast: it maps the segment (copy-on-write,
+  zero-copy until written) and from then on holds the data through its own mapping;
+- once every rank has mapped the request's segments (a barrier on the CPU group at TP > 1), rank 0
+  unlinks their names, exactly once. Mappings outlive the name, so no rank ever finds a segment
+  missing, and memory is freed when the last mapping goes;
+- a request that fails before reaching the scheduler unlinks its segments where it fails; a crash
+  leaves names with this server's prefix, removed by `cleanup_stale_segments` at the next start.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SHM_DIR = "/dev/shm"
+_PREFIX_ROOT = "sglang_mm_"
+
+
+def segment_prefix(port: int, pid: int | None = None) -> str:
+    """Names of one server instance's segments start with this: its port, then the pid of the process
+    that launched it (its tokenizer manager), which is what tells a stale segment from a live one."""
+    return f"{_PREFIX_ROOT}{port}_{os.getpid() if pid is None else pid}_"
+
+
+@dataclass
+class ShmPointerMMData:
+    """Where an item's pixels live: segment name, byte offset and size, tensor shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name, e.g. "float32"
+    offset: int
+    nbytes: int
+
+    def __getstate__(self):
+        return {"name": self.name, "shape": self.shape, "dtype": self.dtype, "offset": self.offset, "nbytes": self.nbytes}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def materialize(self, copy: bool = False) -> torch.Tensor:
+        """The tensor: a private copy-on-write view of the segment, or an owned copy."""
+        dtype = getattr(torch, self.dtype)
+        if self.nbytes == 0:
+            return torch.empty(self.shape, dtype=dtype)
+        fd = os.open(os.path.join(SHM_DIR, self.name), os.O_RDONLY)
+        try:
+            mm = mmap.mmap(fd, self.offset + self.nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        t = torch.frombuffer(mm, dtype=dtype, count=self.nbytes // dtype.itemsize, offset=self.offset).view(self.shape)
+        return t.clone() if copy else t
+
+
+def write_segment(tensor: torch.Tensor, prefix: str) -> ShmPointerMMData:
+    """Copies `tensor` (CPU) into a new segment named `<prefix><random>`; returns its pointer."""
+    t = tensor.detach().contiguous()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    name = f"{prefix}{uuid.uuid4().hex}"
+    nbytes = t.numel() * t.element_size()
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, max(nbytes, 1))
+        with mmap.mmap(fd, max(nbytes, 1)) as mm:
+            if nbytes:
+                np.frombuffer(mm, dtype=np.uint8, count=nbytes)[:] = t.reshape(-1).view(torch.uint8).numpy()
+    except BaseException:
+        os.close(fd)
+        unlink_segments([name])
+        raise
+    os.close(fd)
+    return ShmPointerMMData(name, tuple(t.shape), str(t.dtype).removeprefix("torch."), 0, nbytes)
+
+
+def unlink_segments(names) -> int:
+    """Removes segment names (already-gone ones are fine: unlinking is idempotent here)."""
+    n = 0
+    for name in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            n += 1
+        except FileNotFoundError:
+            pass
+    return n
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale_segments(port: int) -> int:
+    """Removes the segments left by earlier runs on this port whose launching process is gone."""
+    root = f"{_PREFIX_ROOT}{port}_"
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(root)]
+    except FileNotFoundError:
+        return 0
+    stale = []
+    for n in names:
+        pid = n[len(root):].split("_", 1)[0]
+        if not pid.isdigit() or not _pid_alive(int(pid)):
+            stale.append(n)
+    return unlink_segments(stale)
+
+
+def cleanup_own_segments(prefix: str) -> int:
+    """At shutdown: every segment this instance still has (requests that never reached a scheduler)."""
+    try:
+        return unlink_segments([n for n in os.listdir(SHM_DIR) if n.startswith(prefix)])
+    except FileNotFoundError:
+        return 0
+
+
+def mm_items_to_shm(mm_inputs, prefix: str) -> list[str]:
+    """Moves every tensor feature of a request into shared memory; returns the new segment names
+    (the caller unlinks them if the request never reaches the scheduler)."""
+    names: list[str] = []
+    try:
+        for item in mm_inputs.mm_items:
+            if isinstance(item.feature, torch.Tensor):
+                ptr = write_segment(item.feature, prefix)
+                names.append(ptr.name)
+                item.feature = ptr
+    except BaseException:
+        unlink_segments(names)
+        raise
+    return names
+
+
+def materialize_mm_features(msgs: list) -> list[str]:
+    """After the TP broadcast, on every rank: maps each pointer of the received requests; returns the
+    segment names (rank 0 unlinks them once all ranks have mapped them)."""
+    names: list[str] = []
+    for msg in msgs:
+        mm = getattr(msg, "mm_inputs", None)
+        if mm is None:
+            continue
+        for item in mm.mm_items:
+            if isinstance(item.feature, ShmPointerMMData):
+                names.append(item.feature.name)
+                item.feature = item.feature.materialize()
+    return names
