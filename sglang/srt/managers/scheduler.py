@@ -34,6 +34,7 @@ from sglang.srt.mem_cache.cache_manager import KVCacheManager
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.multimodal.hashing import ensure_item_hashes
+from sglang.srt.multimodal.transport.shm import materialize_mm_features, unlink_segments
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.vlm_stage_timer import STAGES, VlmStageTimer, rounded, stage_timer_enabled
 
@@ -100,10 +101,24 @@ class Scheduler:
         start = time.perf_counter()
         msgs = broadcast_pyobj(msgs, self.tp)
         wall_ms = (time.perf_counter() - start) * 1e3
+        self._unwrap_shm_features(msgs)
         for msg in msgs:
             if isinstance(msg, TokenizedGenerateReqInput):
                 msg.tp_broadcast_ms = wall_ms  # the broadcast carrying this request (all of it)
         return msgs
+
+    def _unwrap_shm_features(self, msgs: list) -> None:
+        """Pixel data sent through shared memory is mapped only now, after the broadcast carried its
+        metadata to every rank; once all ranks hold a mapping, rank 0 unlinks the names (once)."""
+        names = materialize_mm_features(msgs)
+        if not names:
+            return
+        if self.tp.size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.tp.cpu_group)
+        if self.tp.rank == 0:
+            unlink_segments(names)
 
     def process_input_requests(self, msgs: list) -> None:
         for msg in msgs:
@@ -132,9 +147,13 @@ class Scheduler:
             self.finish(req, FinishReason("abort", message=error, status_code=400))
             return
         if req.mm_inputs is not None and req.mm_inputs.mm_items:
-            # Baseline: every image is hashed here, in the scheduler loop, when the request arrives.
-            with self.stage_timer.measure(req.stage_timings_ms, "hash"):
+            # Baseline (SGLANG_MM_PRECOMPUTE_HASH=0): every image is hashed here, in the scheduler loop.
+            # Precomputed, the tokenizer timed `hash` itself and this only fills what is missing.
+            if "hash" in req.upstream_stages:
                 ensure_item_hashes(req.mm_inputs)
+            else:
+                with self.stage_timer.measure(req.stage_timings_ms, "hash"):
+                    ensure_item_hashes(req.mm_inputs)
             req.prompt_key = pad_input_ids(req.origin_input_ids, req.mm_inputs)
         self.waiting.append(req)
 

@@ -4,6 +4,7 @@ sharded weights, for text and multi-image prompts, with and without chunked pref
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tp_worker_main import free_port, run_rank  # noqa: E402
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
 from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor  # noqa: E402
+from sglang.srt.multimodal.transport.shm import SHM_DIR, mm_items_to_shm, segment_prefix  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 PLACEHOLDER = [151652, 151655, 151653]
@@ -67,14 +69,25 @@ def _run_tp(args_kw, requests, size=2):
 
 
 @pytest.mark.parametrize(
-    "preset,patch,chunk",
-    [("qwen3-vl-tiny", 16, -1), ("qwen3-vl-tiny", 16, 7), ("qwen2.5-vl-tiny", 14, 9)],
-    ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked"],
+    "preset,patch,chunk,transport",
+    [("qwen3-vl-tiny", 16, -1, "cpu"), ("qwen3-vl-tiny", 16, 7, "cpu"), ("qwen2.5-vl-tiny", 14, 9, "cpu"),
+     ("qwen3-vl-tiny", 16, 7, "shm")],
+    ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked", "qwen3_vl_shm"],
 )
-def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk):
+def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk, transport):
     path = str(tiny_model_dir(preset))
     kw = dict(model_path=path, dtype="float32", device="cpu", max_total_tokens=4096, chunked_prefill_size=chunk)
     requests = _requests(patch)
+    shm_names = []
+    if transport == "shm":  # the ranks receive pointers; pixels stay in /dev/shm until mapped
+        import copy
+
+        tp_requests = copy.deepcopy(requests)
+        for r in tp_requests:
+            if r.mm_inputs is not None:
+                shm_names += mm_items_to_shm(r.mm_inputs, segment_prefix(0))
+    else:
+        tp_requests = requests
 
     single = InProcessScheduler(path, max_total_tokens=4096, chunked_prefill_size=chunk)
     for r in requests:
@@ -83,7 +96,9 @@ def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk):
     single.run_until_idle()
     full = single.sched.worker.model_runner.model.model.layers[0]
 
-    results = _run_tp(dict(kw, tp_size=2), requests)
+    results = _run_tp(dict(kw, tp_size=2), tp_requests)
+    if shm_names:
+        assert not [n for n in os.listdir(SHM_DIR) if n in set(shm_names)], "rank 0 unlinks every segment once mapped"
     outputs, _ = results[0]
     assert outputs == {r.rid: single.outputs[r.rid] for r in requests}
     for rank, (_, info) in results.items():
