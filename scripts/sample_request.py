@@ -12,17 +12,10 @@ import sys
 
 
 def _test_card_data_url() -> str:
-    import numpy as np
-    from PIL import Image
+    from sglang.testing.sample_image import test_card
 
-    h, w = 360, 640
-    img = np.zeros((h, w, 3), dtype=np.uint8)
-    bars = [(255, 255, 255), (255, 255, 0), (0, 255, 255), (0, 255, 0), (255, 0, 255), (255, 0, 0), (0, 0, 255)]
-    for i, c in enumerate(bars):
-        img[: h * 2 // 3, i * w // len(bars) : (i + 1) * w // len(bars)] = c
-    img[h * 2 // 3 :] = np.linspace(0, 255, w, dtype=np.uint8)[None, :, None]
     buf = io.BytesIO()
-    Image.fromarray(img, "RGB").save(buf, format="JPEG", quality=90)
+    test_card().save(buf, format="JPEG", quality=90)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 

@@ -10,20 +10,6 @@ import time
 import torch
 
 
-def _sample_image():
-    """A deterministic 640x360 test card: colour bars and a gradient, so the run needs no files."""
-    import numpy as np
-    from PIL import Image
-
-    h, w = 360, 640
-    img = np.zeros((h, w, 3), dtype=np.uint8)
-    bars = [(255, 255, 255), (255, 255, 0), (0, 255, 255), (0, 255, 0), (255, 0, 255), (255, 0, 0), (0, 0, 255)]
-    for i, c in enumerate(bars):
-        img[: h * 2 // 3, i * w // len(bars) : (i + 1) * w // len(bars)] = c
-    img[h * 2 // 3 :] = np.linspace(0, 255, w, dtype=np.uint8)[None, :, None]
-    return Image.fromarray(img, "RGB")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang.bench_one_batch", description=__doc__)
     ap.add_argument("--model-path", default=None, help="HF-format model dir (default: the embedded tiny Qwen3-VL)")
@@ -45,11 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
     from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
     from sglang.testing.make_model import ensure_model
+    from sglang.testing.sample_image import test_card
 
     model_path = args.model_path or str(ensure_model("qwen3-vl-tiny"))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     processor = QwenVLProcessor.from_pretrained(model_path, tokenizer)
-    images = [] if args.no_image else (args.image or [_sample_image()])
+    images = [] if args.no_image else (args.image or [test_card()])
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": args.prompt}]
     text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
 
