@@ -22,6 +22,14 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError(f"expected a boolean (1/0/true/false), got {raw!r}")
 
 
+def _parse_choice(raw: str, choices: tuple[str, ...], aliases: dict[str, str] | None = None) -> str:
+    v = raw.strip().lower()
+    v = (aliases or {}).get(v, v)
+    if v not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
     name: str
@@ -72,6 +80,12 @@ envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
 envs.add("SGLANG_VIT_FAST_POS_EMBED", True, _parse_bool,
          "ViT position-embedding interpolation and 2D rotary indices cached per grid shape, gathered on device "
          "(0: baseline, recomputed per forward).")
+envs.add("SGLANG_MM_PRECOMPUTE_HASH", "1", lambda raw: _parse_choice(raw, ("0", "1", "auto"), {"false": "0", "true": "1"}),
+         "Image content hashes and pad values computed in the tokenizer process, in worker threads, before sending "
+         "(0: baseline, the scheduler hashes every image in its loop; auto: same as 1, measured to never lose).")
+envs.add("SGLANG_MM_HASH_ALGO", "xxh3_128", lambda raw: _parse_choice(raw, ("xxh3_128", "blake3", "sha256")),
+         "Image content hash: xxh3_128, blake3 (both over dtype, shape, grid and bytes) or sha256 (the baseline, bytes "
+         "only). Unset: xxh3_128, or sha256 when SGLANG_MM_PRECOMPUTE_HASH=0.")
 
 
 def main() -> None:

@@ -2,11 +2,26 @@
 
 A pad value replaces an image's placeholder token ids in the prefix-cache key, so two requests
 with the same image share cached KV and a different image never matches.
+
+Where the hash is computed (SGLANG_MM_PRECOMPUTE_HASH):
+  1 / auto  the tokenizer process hashes every item in worker threads before the request is pickled
+            (`precompute_item_hashes`); the scheduler only checks (`ensure_item_hashes` finds nothing
+            to do unless a request reached it by another path).
+  0         baseline: the scheduler hashes every item (sha256) in its loop when the request arrives.
+
+Algorithms (SGLANG_MM_HASH_ALGO):
+  xxh3_128  default; ~10 GB/s on one core and releases the GIL, so worker threads hash in parallel.
+  blake3    cryptographic, releases the GIL.
+  sha256    the baseline function, bit for bit (raw bytes only: it ignores dtype, shape and grid).
+xxh3_128 and blake3 also digest a header (dtype, shape, grid_thw), so two items whose pixel buffers
+are byte-equal but are laid out or sized differently never share a hash: a feature of shape
+(num_patches, dim) alone does not tell a 2x8 patch grid from a 4x4 one.
 """
 
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Executor
 
 import numpy as np
 import torch
@@ -14,16 +29,31 @@ import torch
 # Pad values stay below 2**30 (as upstream) so they fit any int32 id tensor.
 PAD_VALUE_MODULUS = 1 << 30
 
+HASH_ALGOS = ("xxh3_128", "blake3", "sha256")
+BASELINE_HASH_ALGO = "sha256"
+DEFAULT_HASH_ALGO = "xxh3_128"
 
-def _as_bytes_view(feature) -> memoryview:
+
+def _as_array(feature) -> np.ndarray:
+    """A C-contiguous numpy view of the feature (a copy only if it is not contiguous or not on CPU)."""
     if isinstance(feature, torch.Tensor):
         t = feature.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        arr = t.contiguous().view(torch.uint8).numpy() if t.dtype == torch.bfloat16 else t.contiguous().numpy()
-    else:
-        arr = np.ascontiguousarray(feature)
-    return memoryview(arr).cast("B")
+        t = t.contiguous()
+        # numpy has no bfloat16: hash its bytes as uint16 (the header still says bfloat16).
+        return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+    return np.ascontiguousarray(feature)
+
+
+def _as_bytes_view(feature) -> memoryview:
+    return memoryview(_as_array(feature)).cast("B")
+
+
+def _dtype_name(feature) -> str:
+    if isinstance(feature, torch.Tensor):
+        return str(feature.dtype).removeprefix("torch.")  # torch.float32 and np.float32 both -> "float32"
+    return np.asarray(feature).dtype.name
 
 
 def sha256_feature_hash(feature) -> int:
@@ -31,23 +61,100 @@ def sha256_feature_hash(feature) -> int:
     return int.from_bytes(hashlib.sha256(_as_bytes_view(feature)).digest()[:8], "little")
 
 
+def _header(feature, grid_thw) -> bytes:
+    shape = tuple(int(s) for s in getattr(feature, "shape", np.shape(feature)))
+    grid = tuple(int(g) for g in grid_thw) if grid_thw is not None else ()
+    return f"{_dtype_name(feature)}|{shape}|{grid}|".encode()
+
+
+def feature_hash(feature, algo: str = DEFAULT_HASH_ALGO, grid_thw=None) -> int:
+    """Content hash of one item's feature as a non-negative int (64 bits for sha256, 128 otherwise).
+
+    Pure and thread-safe; xxhash and blake3 release the GIL while they digest the buffer."""
+    if algo == "sha256":
+        return sha256_feature_hash(feature)
+    view = _as_bytes_view(feature)
+    if algo == "xxh3_128":
+        import xxhash
+
+        h = xxhash.xxh3_128(_header(feature, grid_thw))
+        h.update(view)
+        return h.intdigest()
+    if algo == "blake3":
+        import blake3
+
+        h = blake3.blake3(_header(feature, grid_thw))
+        h.update(view)
+        return int.from_bytes(h.digest(16), "little")
+    raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
+
+
+def item_hash(item, algo: str = DEFAULT_HASH_ALGO) -> int:
+    return feature_hash(item.feature, algo, getattr(item, "image_grid_thw", None))
+
+
 def pad_value_from_hash(h: int) -> int:
     return h % PAD_VALUE_MODULUS
 
 
 def combined_hash(hashes: list[int]) -> int:
-    """One key for a set of items, order-sensitive (the baseline embedding cache's key)."""
-    digest = hashlib.sha256(b"".join(h.to_bytes(8, "little", signed=False) for h in hashes)).digest()
+    """One key for a set of items, order-sensitive (the baseline embedding cache's key).
+
+    64-bit hashes are packed in 8 bytes exactly as the baseline did; wider ones in 16."""
+    parts = (h.to_bytes(8 if h < (1 << 64) else 16, "little", signed=False) for h in hashes)
+    digest = hashlib.sha256(b"".join(parts)).digest()
     return int.from_bytes(digest[:8], "little")
 
 
-def ensure_item_hashes(mm_inputs, hash_fn=sha256_feature_hash) -> int:
-    """Fills `hash` and `pad_value` of every item that lacks them; returns how many were computed."""
+# ---------------------------------------------------------------------- switches
+def precompute_hash_enabled() -> bool:
+    """SGLANG_MM_PRECOMPUTE_HASH resolved: `auto` means on. Measured (docs/optimizations/
+    mm-hash-precompute.md): no load regime made hashing in the scheduler loop faster, because the
+    tokenizer side hashes in worker threads that stall nothing while the scheduler side stalls every
+    running request."""
+    from sglang.srt.environ import envs
+
+    return envs.SGLANG_MM_PRECOMPUTE_HASH.get() != "0"
+
+
+def configured_hash_algo() -> str:
+    """SGLANG_MM_HASH_ALGO when set; otherwise xxh3_128, or sha256 (the baseline) when precompute is 0."""
+    from sglang.srt.environ import envs
+
+    if envs.SGLANG_MM_HASH_ALGO.is_set():
+        return envs.SGLANG_MM_HASH_ALGO.get()
+    return DEFAULT_HASH_ALGO if precompute_hash_enabled() else BASELINE_HASH_ALGO
+
+
+# ---------------------------------------------------------------------- filling items
+def ensure_item_hashes(mm_inputs, algo: str | None = None) -> int:
+    """Fills `hash` and `pad_value` of every item that lacks them; returns how many were hashed.
+
+    The scheduler's check: with the tokenizer precomputing, every item already has both and this
+    costs one attribute test per item. `algo=None` uses the configured algorithm, so an item that
+    reaches the scheduler unhashed gets the same hash the tokenizer would have given it."""
     computed = 0
     for item in mm_inputs.mm_items:
         if item.hash is None:
-            item.hash = hash_fn(item.feature)
+            item.hash = item_hash(item, algo or configured_hash_algo())
             computed += 1
         if item.pad_value is None:
             item.pad_value = pad_value_from_hash(item.hash)
     return computed
+
+
+def precompute_item_hashes(mm_inputs, algo: str, executor: Executor | None = None) -> int:
+    """Tokenizer side: hashes every unhashed item, one task per item on `executor` (a thread pool:
+    the digests release the GIL, so items hash in parallel and the event loop keeps running).
+    Returns how many items were hashed. Must not be called on the event loop thread."""
+    todo = [it for it in mm_inputs.mm_items if it.hash is None]
+    if executor is not None and len(todo) > 1:
+        hashes = list(executor.map(lambda it: item_hash(it, algo), todo))
+    else:
+        hashes = [item_hash(it, algo) for it in todo]
+    for it, h in zip(todo, hashes):
+        it.hash = h
+    for it in mm_inputs.mm_items:
+        if it.pad_value is None:
+            it.pad_value = pad_value_from_hash(it.hash)
+    return len(todo)
