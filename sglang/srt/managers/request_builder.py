@@ -1,7 +1,7 @@
 """GenerateReqInput -> TokenizedGenerateReqInput: validation, chat template, tokenization, images.
 
 `check` runs on the event loop (cheap checks only); `build` runs in a worker thread (template,
-tokenizer, image fetch/decode/preprocess, pickling). Every problem with the request raises
+tokenizer, image fetch/decode/preprocess, image hashing, pickling). Every problem with the request raises
 `GenerateError` (400) with a message naming it.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 
 from sglang.srt.managers.chat_messages import split_chat_images
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
+from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import MediaFetcher, is_http_url
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -84,6 +85,8 @@ class RequestBuilder:
         self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
+        self.precompute_hash = precompute_hash_enabled()  # SGLANG_MM_PRECOMPUTE_HASH
+        self.hash_algo = configured_hash_algo()  # SGLANG_MM_HASH_ALGO
 
     def close(self) -> None:
         self.image_pool.shutdown(wait=False, cancel_futures=True)
@@ -135,6 +138,12 @@ class RequestBuilder:
                     images = list(self.image_pool.map(self._fetch_if_url, req.images)) if req.images else []
                     ids, mm = self.processor.process(ids, images, executor=self.image_pool)
                 mm_inputs = mm if images else None
+                if mm_inputs is not None and self.precompute_hash:
+                    # Still in the worker thread: the items hash in parallel on the image pool and
+                    # are pickled with their hash and pad value; the scheduler only checks.
+                    with self.stage_timer.measure(timings, "hash"):
+                        precompute_item_hashes(mm_inputs, self.hash_algo, self.image_pool)
+                    self.stage_timer.emit(req.rid, timings, ("hash",))
         except GenerateError:
             raise
         except ValueError as e:  # ImageLoadError, MultimodalInputError, SmartResizeError, MediaFetchError
