@@ -52,6 +52,9 @@ class ServerArgs:
         "weight dtype", choices=("auto", "float32", "bfloat16", "float16")))
     device: str = field(default="auto", metadata=_arg("device", choices=("auto", "cpu", "cuda")))
     attention_backend: str = field(default="torch_native", metadata=_arg("attention backend"))
+    mm_feature_transport: str = field(default="shm", metadata=_arg(
+        "how pixel data reaches the schedulers: shm (POSIX shared memory; requests and the TP broadcast carry "
+        "metadata only) or cpu (pickled inside the request: the baseline)", choices=("cpu", "shm")))
     stream_interval: int = field(default=1, metadata=_arg("decode steps between streamed chunks"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
         "seconds without scheduler progress before the server declares itself dead"))

@@ -78,6 +78,12 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
 
     # Resolve once here, so children never each generate the embedded default model.
     server_args = dataclasses.replace(server_args, model_path=server_args.resolved_model_path())
+    if server_args.mm_feature_transport == "shm":
+        from sglang.srt.multimodal.transport.shm import cleanup_stale_segments
+
+        removed = cleanup_stale_segments(server_args.port)
+        if removed:
+            logger.warning("removed %d shared-memory segments left by an earlier run on port %d", removed, server_args.port)
     port_args = PortArgs.create(server_args)
     ctx = mp.get_context("spawn")
     procs: list[BaseProcess] = []

@@ -21,6 +21,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, Toke
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import MediaFetcher, is_http_url
+from sglang.srt.multimodal.transport.shm import mm_items_to_shm, segment_prefix, unlink_segments
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
@@ -85,6 +86,8 @@ class RequestBuilder:
         self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
+        # --mm-feature-transport shm: pixels go to /dev/shm here; the request carries pointers only
+        self.shm_prefix = segment_prefix(server_args.port) if server_args.mm_feature_transport == "shm" else None
         self.precompute_hash = precompute_hash_enabled()  # SGLANG_MM_PRECOMPUTE_HASH
         self.hash_algo = configured_hash_algo()  # SGLANG_MM_HASH_ALGO
 
@@ -157,7 +160,12 @@ class RequestBuilder:
             input_text=prompt, created_time=obj.created_time, stage_timings_ms=timings if mm_inputs else {},
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
-        return tokenized, pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
+        names = mm_items_to_shm(mm_inputs, self.shm_prefix) if mm_inputs is not None and self.shm_prefix else []
+        try:
+            return tokenized, pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            unlink_segments(names)
+            raise
 
     def _check_length(self, prompt_len: int) -> None:
         if prompt_len == 0:

@@ -34,6 +34,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.request_builder import GenerateError, RequestBuilder, ServerUnhealthyError
 from sglang.srt.metrics.prometheus import ServingMetrics
+from sglang.srt.multimodal.transport.shm import shm_segment_names, unlink_segments
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.vlm_stage_timer import rounded
 
@@ -42,6 +43,7 @@ __all__ = ["GenerateError", "ServerUnhealthyError", "TokenizerManager"]
 logger = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 30.0
+UNSENT_SHM_MAX_AGE_S = 30.0
 
 
 @dataclass
@@ -78,6 +80,8 @@ class TokenizerManager:
         self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
 
         self.rid_to_state: dict[str, _ReqState] = {}
+        # shared-memory segments of prepared requests not yet handed to ZMQ: rid -> (names, time)
+        self._unsent_shm: dict[str, tuple[list[str], float]] = {}
         self.healthy = True
         self.dead_reason: str | None = None
         self._closing = False
@@ -108,6 +112,7 @@ class TokenizerManager:
         self._send_sock = self._zmq_ctx.socket(zmq.PUSH)
         self._send_sock.connect(self.port_args.scheduler_input_ipc_name)
         self._spawn(self._handle_loop())
+        self._spawn(self._sweep_unsent_shm())
         self._on_child_death = on_child_death
         if child_processes:
             threading.Thread(
@@ -124,6 +129,9 @@ class TokenizerManager:
             state.error = ServerUnhealthyError("server is shutting down")
             state.event.set()
         self.rid_to_state.clear()
+        for names, _ in self._unsent_shm.values():
+            unlink_segments(names)
+        self._unsent_shm.clear()
         if self._zmq_ctx is not None:
             self._zmq_ctx.destroy(linger=0)
             self._zmq_ctx = None
@@ -192,7 +200,11 @@ class TokenizerManager:
         if not obj.created_time:
             obj.created_time = time.time()
         checked = self.builder.check(obj, rid)
-        return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
+        tokenized, payload = await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
+        names = shm_segment_names(tokenized.mm_inputs)
+        if names:  # owned here until sent; swept if the caller never sends it (e.g. client gone)
+            self._unsent_shm[rid] = (names, time.monotonic())
+        return tokenized, payload
 
     async def generate_tokenized(
         self, tokenized: TokenizedGenerateReqInput, payload: bytes | None = None
@@ -207,7 +219,13 @@ class TokenizerManager:
         try:
             if payload is None:
                 payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
-            await self._send_sock.send(payload, copy=False)
+            unsent = self._unsent_shm.pop(rid, None)
+            try:
+                await self._send_sock.send(payload, copy=False)
+            except BaseException:
+                if unsent:
+                    unlink_segments(unsent[0])  # never reached a scheduler: nobody else will unlink
+                raise
             if self.stage_timer.enabled:
                 if tokenized.send_time:
                     self.stage_timer.add(state.stage_timings, "send", (time.time() - tokenized.send_time) * 1e3)
@@ -304,6 +322,17 @@ class TokenizerManager:
                     meta = self._meta(state)
                     self.metrics.observe_finished(meta["e2e_latency"], meta, state.finished_reason.type)
             state.event.set()
+
+    async def _sweep_unsent_shm(self, max_age_s: float = UNSENT_SHM_MAX_AGE_S) -> None:
+        """Unlinks the segments of prepared requests that were never sent (their caller went away
+        between preparing and sending). Sent requests' segments are the schedulers' to unlink."""
+        while True:
+            await asyncio.sleep(max_age_s / 4)
+            now = time.monotonic()
+            for rid, (names, t) in list(self._unsent_shm.items()):
+                if now - t > max_age_s:
+                    del self._unsent_shm[rid]
+                    unlink_segments(names)
 
     def _observe(self, state: _ReqState, new_tokens: int) -> None:
         now = time.time()
