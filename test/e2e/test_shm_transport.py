@@ -1,0 +1,75 @@
+"""shm-deferred-unwrap end to end at TP=2: outputs equal to the cpu transport, and after 200
+requests (normal, streamed and aborted mid-stream, rejected, failing) no segment is left in /dev/shm
+and the server still serves."""
+
+from __future__ import annotations
+
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from conftest import data_url, noise_image, png_bytes, wait_until
+
+PROMPT = "<|im_start|>user\n" + "<|vision_start|><|image_pad|><|vision_end|>" * 2 + "What is shown?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _segments(port: int) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"sglang_mm_{port}_")}
+
+
+def _body(seed: int, max_new: int = 4, **kw):
+    imgs = [data_url(png_bytes(noise_image(64 + 16 * (seed % 3), 64, seed * 2 + k))) for k in range(2)]
+    return {"text": PROMPT, "image_data": imgs, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}, **kw}
+
+
+@pytest.fixture(scope="module")
+def servers(launch_server):
+    shm = launch_server("--tp-size", "2", "--mm-feature-transport", "shm", "--chunked-prefill-size", "48")
+    cpu = launch_server("--tp-size", "2", "--mm-feature-transport", "cpu", "--chunked-prefill-size", "48")
+    return shm, cpu
+
+
+def test_outputs_equal_cpu_transport(servers):
+    shm, cpu = servers
+    for seed in range(3):
+        a = requests.post(shm.url + "/generate", json=_body(seed, 8), timeout=60).json()
+        b = requests.post(cpu.url + "/generate", json=_body(seed, 8), timeout=60).json()
+        assert a["output_ids"] == b["output_ids"]
+
+
+def test_no_segment_left_after_mixed_traffic(servers):
+    shm, _ = servers
+    rng = random.Random(0)
+
+    def one(i: int) -> str:
+        kind = rng.choice(["ok", "ok", "stream_abort", "rejected", "bad_image"])
+        if kind == "ok":
+            r = requests.post(shm.url + "/generate", json=_body(i), timeout=120)
+            assert r.status_code == 200, r.text
+        elif kind == "stream_abort":
+            with requests.post(shm.url + "/generate", json=_body(i, 64, stream=True), stream=True, timeout=120) as r:
+                assert r.status_code == 200
+                next(r.iter_lines())  # first chunk, then hang up: the server aborts the request
+        elif kind == "rejected":  # too long for the context: refused after the images were prepared
+            body = _body(i)
+            body["text"] = PROMPT + "word " * 5000
+            assert requests.post(shm.url + "/generate", json=body, timeout=120).status_code == 400
+        else:
+            body = _body(i)
+            body["image_data"][1] = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAA"  # truncated PNG
+            assert requests.post(shm.url + "/generate", json=body, timeout=120).status_code == 400
+        return kind
+
+    with ThreadPoolExecutor(8) as pool:
+        kinds = list(pool.map(one, range(200)))
+    assert {"ok", "stream_abort", "rejected", "bad_image"} <= set(kinds)
+    # aborted requests may still be in flight for a moment: poll until the server is idle
+    wait_until(lambda: requests.get(shm.url + "/get_server_info", timeout=10).json()["num_running_reqs"] == 0,
+               60, what="server to go idle")
+    assert _segments(shm.port) == set()
+    r = requests.post(shm.url + "/generate", json=_body(999), timeout=60)
+    assert r.status_code == 200
+    assert "FileNotFoundError" not in shm.log_tail(200_000)
