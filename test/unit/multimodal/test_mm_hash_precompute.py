@@ -149,7 +149,10 @@ def _build(model_path, monkeypatch, precompute: str, algo: str | None, timer: bo
         monkeypatch.delenv("SGLANG_MM_HASH_ALGO", raising=False)
     else:
         monkeypatch.setenv("SGLANG_MM_HASH_ALGO", algo)
-    builder = RequestBuilder(ServerArgs(model_path=model_path, enable_vlm_stage_timer=timer), model_path)
+    # cpu transport: the pixels stay in the message, so the scheduler-side hash can be recomputed from
+    # it here (and no shared-memory segment is created without a scheduler to unlink it)
+    builder = RequestBuilder(ServerArgs(model_path=model_path, enable_vlm_stage_timer=timer,
+                                        mm_feature_transport="cpu"), model_path)
     try:
         obj = GenerateReqInput(text="look " + PLACEHOLDER + " and " + PLACEHOLDER, image_data=[_img(1), _img(2, 64, 96)],
                                sampling_params={"max_new_tokens": 2})
