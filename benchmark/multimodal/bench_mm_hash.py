@@ -114,10 +114,12 @@ def bench_scheduler(model_path: str, n: int) -> list[dict]:
                 tok_ms.append((t1 - t0) * 1e3)
                 loop_ms.append(r["loop_ms"])
                 ttft.append(r["ttft_ms"])
+        # Only the loop time at arrival is compared: one request's in-process TTFT (ViT + prefill of 880
+        # tokens) is ~0.5 s here and varies by more than the hash on a shared 2-core machine.
         rows.append({"mode": label, "switch": switch, "algo": algo, "scheduler_loop_ms": statistics.median(loop_ms),
                      "tokenizer_thread_ms": statistics.median(tok_ms), "ttft_ms": statistics.median(ttft)})
         print(f"{label:>44}: scheduler loop {rows[-1]['scheduler_loop_ms']:7.2f} ms/request, tokenizer worker "
-              f"{rows[-1]['tokenizer_thread_ms']:6.2f} ms, in-process TTFT {rows[-1]['ttft_ms']:7.1f} ms")
+              f"{rows[-1]['tokenizer_thread_ms']:6.2f} ms")
     base = rows[0]["scheduler_loop_ms"]
     for r in rows[1:]:
         print(f"  {r['mode']}: scheduler-loop time per request {base / r['scheduler_loop_ms']:.1f}x lower than the baseline")
