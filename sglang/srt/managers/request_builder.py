@@ -21,7 +21,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, Toke
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import MediaFetcher, is_http_url
-from sglang.srt.multimodal.transport.shm import mm_items_to_shm, segment_prefix, unlink_segments
+from sglang.srt.multimodal.transport.shm import cleanup_own_segments, mm_items_to_shm, segment_prefix, unlink_segments
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
@@ -88,11 +88,33 @@ class RequestBuilder:
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
         # --mm-feature-transport shm: pixels go to /dev/shm here; the request carries pointers only
         self.shm_prefix = segment_prefix(server_args.port) if server_args.mm_feature_transport == "shm" else None
+        self.unsent_shm: dict[str, tuple[list[str], float]] = {}  # rid -> (segment names, time built)
+        self._unsent_lock = threading.Lock()
         self.precompute_hash = precompute_hash_enabled()  # SGLANG_MM_PRECOMPUTE_HASH
         self.hash_algo = configured_hash_algo()  # SGLANG_MM_HASH_ALGO
 
+    def take_unsent_shm(self, rid: str) -> list[str]:
+        with self._unsent_lock:
+            entry = self.unsent_shm.pop(rid, None)
+        return entry[0] if entry else []
+
+    def expired_unsent_shm(self, max_age_s: float) -> list[str]:
+        now, names = time.monotonic(), []
+        with self._unsent_lock:
+            for rid, (ns, t) in list(self.unsent_shm.items()):
+                if now - t > max_age_s:
+                    del self.unsent_shm[rid]
+                    names += ns
+        return names
+
     def close(self) -> None:
         self.image_pool.shutdown(wait=False, cancel_futures=True)
+        with self._unsent_lock:
+            for names, _ in self.unsent_shm.values():
+                unlink_segments(names)
+            self.unsent_shm.clear()
+        if self.shm_prefix:
+            cleanup_own_segments(self.shm_prefix)  # shutdown: nothing of this instance is needed any more
 
     # ------------------------------------------------------------------ event loop side
     def check(self, obj: GenerateReqInput, rid: str) -> CheckedRequest:
@@ -162,10 +184,16 @@ class RequestBuilder:
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
         names = mm_items_to_shm(mm_inputs, self.shm_prefix) if mm_inputs is not None and self.shm_prefix else []
         try:
-            return tokenized, pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException:
             unlink_segments(names)
             raise
+        if names:
+            # Registered here, in the worker thread, so a caller cancelled while awaiting this build
+            # (client gone) cannot lose them: the tokenizer manager sweeps what is never sent.
+            with self._unsent_lock:
+                self.unsent_shm[req.rid] = (names, time.monotonic())
+        return tokenized, payload
 
     def _check_length(self, prompt_len: int) -> None:
         if prompt_len == 0:

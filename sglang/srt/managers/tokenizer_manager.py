@@ -34,7 +34,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.request_builder import GenerateError, RequestBuilder, ServerUnhealthyError
 from sglang.srt.metrics.prometheus import ServingMetrics
-from sglang.srt.multimodal.transport.shm import shm_segment_names, unlink_segments
+from sglang.srt.multimodal.transport.shm import unlink_segments
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.vlm_stage_timer import rounded
 
@@ -80,8 +80,7 @@ class TokenizerManager:
         self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
 
         self.rid_to_state: dict[str, _ReqState] = {}
-        # shared-memory segments of prepared requests not yet handed to ZMQ: rid -> (names, time)
-        self._unsent_shm: dict[str, tuple[list[str], float]] = {}
+
         self.healthy = True
         self.dead_reason: str | None = None
         self._closing = False
@@ -129,9 +128,6 @@ class TokenizerManager:
             state.error = ServerUnhealthyError("server is shutting down")
             state.event.set()
         self.rid_to_state.clear()
-        for names, _ in self._unsent_shm.values():
-            unlink_segments(names)
-        self._unsent_shm.clear()
         if self._zmq_ctx is not None:
             self._zmq_ctx.destroy(linger=0)
             self._zmq_ctx = None
@@ -200,11 +196,7 @@ class TokenizerManager:
         if not obj.created_time:
             obj.created_time = time.time()
         checked = self.builder.check(obj, rid)
-        tokenized, payload = await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
-        names = shm_segment_names(tokenized.mm_inputs)
-        if names:  # owned here until sent; swept if the caller never sends it (e.g. client gone)
-            self._unsent_shm[rid] = (names, time.monotonic())
-        return tokenized, payload
+        return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
 
     async def generate_tokenized(
         self, tokenized: TokenizedGenerateReqInput, payload: bytes | None = None
@@ -219,12 +211,11 @@ class TokenizerManager:
         try:
             if payload is None:
                 payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
-            unsent = self._unsent_shm.pop(rid, None)
+            unsent = self.builder.take_unsent_shm(rid)
             try:
                 await self._send_sock.send(payload, copy=False)
             except BaseException:
-                if unsent:
-                    unlink_segments(unsent[0])  # never reached a scheduler: nobody else will unlink
+                unlink_segments(unsent)  # never reached a scheduler: nobody else will unlink
                 raise
             if self.stage_timer.enabled:
                 if tokenized.send_time:
@@ -328,11 +319,7 @@ class TokenizerManager:
         between preparing and sending). Sent requests' segments are the schedulers' to unlink."""
         while True:
             await asyncio.sleep(max_age_s / 4)
-            now = time.monotonic()
-            for rid, (names, t) in list(self._unsent_shm.items()):
-                if now - t > max_age_s:
-                    del self._unsent_shm[rid]
-                    unlink_segments(names)
+            unlink_segments(self.builder.expired_unsent_shm(max_age_s))
 
     def _observe(self, state: _ReqState, new_tokens: int) -> None:
         now = time.time()

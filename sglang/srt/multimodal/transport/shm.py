@@ -145,12 +145,6 @@ def mm_items_to_shm(mm_inputs, prefix: str) -> list[str]:
     return names
 
 
-def shm_segment_names(mm_inputs) -> list[str]:
-    if mm_inputs is None:
-        return []
-    return [it.feature.name for it in mm_inputs.mm_items if isinstance(it.feature, ShmPointerMMData)]
-
-
 def materialize_mm_features(msgs: list) -> list[str]:
     """After the TP broadcast, on every rank: maps each pointer of the received requests; returns the
     segment names (rank 0 unlinks them once all ranks have mapped them)."""
