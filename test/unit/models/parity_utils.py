@@ -61,3 +61,16 @@ def our_logits(sb: StaticBatchRunner, prompts, chunk_size: int | None = None) ->
 
 def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return ((ours - ref).abs().max() / ref.abs().max()).item()
+
+
+def runners_with_switch(path: str, env_var: str) -> dict:
+    """{False: runner with `env_var`=0, True: runner with it =1} on the same checkpoint (switches are
+    read when the model is built)."""
+    import pytest
+
+    runners = {}
+    for on in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(env_var, "1" if on else "0")
+            runners[on] = make_runner(path)
+    return runners

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_utils import PLACEHOLDER, hf_logits, make_runner, noise_image, our_logits, rel_err, small_processor
+from parity_utils import PLACEHOLDER, hf_logits, noise_image, our_logits, rel_err, runners_with_switch, small_processor
 from test_model_parity import MODELS
 
 from sglang.srt.layers.vision_blocks import Conv3dPatchEmbed, LinearPatchEmbed
@@ -18,11 +18,7 @@ transformers = pytest.importorskip("transformers")
 def both(request, tiny_model_dir):
     name = request.param
     path = str(tiny_model_dir(name))
-    runners = {}
-    for on in (False, True):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SGLANG_VIT_PATCH_EMBED_LINEAR", "1" if on else "0")
-            runners[on] = make_runner(path)
+    runners = runners_with_switch(path, "SGLANG_VIT_PATCH_EMBED_LINEAR")
     hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return name, runners, hf, small_processor(path, **MODELS[name])
 

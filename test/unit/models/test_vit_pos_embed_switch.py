@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_utils import PLACEHOLDER, hf_logits, make_runner, noise_image, our_logits, rel_err, small_processor
+from parity_utils import PLACEHOLDER, hf_logits, noise_image, our_logits, rel_err, runners_with_switch, small_processor
 from test_model_parity import MODELS
 
 transformers = pytest.importorskip("transformers")
@@ -17,11 +17,7 @@ transformers = pytest.importorskip("transformers")
 def both(request, tiny_model_dir):
     name = request.param
     path = str(tiny_model_dir(name))
-    runners = {}
-    for on in (False, True):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SGLANG_VIT_FAST_POS_EMBED", "1" if on else "0")
-            runners[on] = make_runner(path)
+    runners = runners_with_switch(path, "SGLANG_VIT_FAST_POS_EMBED")
     hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     return name, runners, hf, small_processor(path, **MODELS[name])
 
