@@ -28,6 +28,20 @@ def chunk_image_spans(mm_inputs, chunk_start: int, chunk_end: int):
     return spans
 
 
+def batch_image_spans(forward_batch) -> list[tuple[int, object, list]]:
+    """(request index, mm_inputs, spans) for each request of an extend batch whose chunk overlaps
+    any of its images."""
+    out = []
+    for i, mm in enumerate(forward_batch.mm_inputs):
+        if mm is None or not mm.mm_items:
+            continue
+        pre, n = forward_batch.extend_prefix_lens_cpu[i], forward_batch.extend_seq_lens_cpu[i]
+        spans = chunk_image_spans(mm, pre, pre + n)
+        if spans:
+            out.append((i, mm, spans))
+    return out
+
+
 def _item_key(item):
     return item.hash if item.hash is not None else ("unhashed", id(item))
 
@@ -41,17 +55,10 @@ def gather_chunk_image_rows(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """-> (batch positions, embedding rows) of every image token in this extend batch."""
     starts = forward_batch.extend_start_locs()
-    wanted: list[tuple[int, object, list]] = []  # (request index, mm_inputs, spans)
+    wanted = batch_image_spans(forward_batch)
     found: dict = {}
     to_encode: dict = {}
-    for i, mm in enumerate(forward_batch.mm_inputs):
-        if mm is None or not mm.mm_items:
-            continue
-        pre, n = forward_batch.extend_prefix_lens_cpu[i], forward_batch.extend_seq_lens_cpu[i]
-        spans = chunk_image_spans(mm, pre, pre + n)
-        if not spans:
-            continue
-        wanted.append((i, mm, spans))
+    for i, mm, spans in wanted:
         pending = getattr(mm, "_pending_embeds", {})
         for idx, *_ in spans:
             item = mm.mm_items[idx]

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from sglang.srt.managers.mm_chunk_encoder import chunk_image_spans, gather_chunk_image_rows
+from sglang.srt.managers.mm_chunk_encoder import batch_image_spans, gather_chunk_image_rows
 from sglang.srt.multimodal.hashing import combined_hash
 
 
@@ -70,23 +70,13 @@ def general_mm_embed_routine(
     sync()
     merge_ms = (time.perf_counter() - start) * 1e3 - vit_ms[0]
     if forward_batch.forward_mode.is_extend():
-        touched = _requests_with_images(forward_batch)
+        touched = [i for i, _, _ in batch_image_spans(forward_batch)]
         for stage, ms in (("vit_encode", vit_ms[0]), ("embed_merge", merge_ms)):
             forward_batch.stage_totals[stage] = forward_batch.stage_totals.get(stage, 0.0) + ms
             for i in touched:
                 t = forward_batch.stage_timings[i]
                 t[stage] = t.get(stage, 0.0) + ms
     return result
-
-
-def _requests_with_images(forward_batch) -> list[int]:
-    out = []
-    for i, mm in enumerate(forward_batch.mm_inputs):
-        if mm is not None and mm.mm_items:
-            pre, n = forward_batch.extend_prefix_lens_cpu[i], forward_batch.extend_seq_lens_cpu[i]
-            if chunk_image_spans(mm, pre, pre + n):
-                out.append(i)
-    return out
 
 
 def _embed(input_ids, forward_batch, embed_tokens, encode_images, hidden_size):
@@ -98,13 +88,7 @@ def _embed(input_ids, forward_batch, embed_tokens, encode_images, hidden_size):
             positions, rows = gather_chunk_image_rows(forward_batch, encode_images, cache)
         else:
             starts = forward_batch.extend_start_locs()
-            for i, mm in enumerate(forward_batch.mm_inputs):
-                if mm is None or not mm.mm_items:
-                    continue
-                prefix, n = forward_batch.extend_prefix_lens_cpu[i], forward_batch.extend_seq_lens_cpu[i]
-                spans = chunk_image_spans(mm, prefix, prefix + n)
-                if not spans:
-                    continue
+            for i, mm, spans in batch_image_spans(forward_batch):
                 embeds = _request_image_embeddings(mm, encode_images, cache)
                 for idx, r0, r1, p0 in spans:
                     rows.append(embeds[idx][r0:r1])
