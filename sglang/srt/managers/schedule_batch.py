@@ -53,10 +53,8 @@ class Req:
         self.generator: torch.Generator | None = (
             torch.Generator().manual_seed(sampling_params.seed) if sampling_params.seed is not None else None
         )
-        self.first_token_time: float | None = None
         self.tp_broadcast_ms = 0.0
         self.upstream_stages: frozenset[str] = frozenset()  # stage timings measured before the scheduler
-        self.queue_start = time.perf_counter()
 
     # ------------------------------------------------------------------ views
     @property

@@ -65,7 +65,6 @@ class Scheduler:
         self.chunked_req: Req | None = None
         self.outbox: list[Req] = []  # requests with tokens (or a finish) to send this step
         self.num_retractions = 0
-        self.last_progress = time.monotonic()
 
         self.recv_socket = self.send_socket = None
         if port_args is not None and tp.rank == 0:
@@ -256,7 +255,6 @@ class Scheduler:
         start = time.perf_counter()
         next_ids, totals = self.worker.forward_batch_generation(batch, timer.enabled)
         now = time.perf_counter()
-        self.last_progress = time.monotonic()
         if timer.enabled:
             step_ms = (now - start) * 1e3
             if batch.mode.is_extend():
@@ -272,7 +270,6 @@ class Scheduler:
                 if req.output_ids:  # re-prefill after retraction: its next token is already known
                     self.running.append(req)
                     continue
-                req.first_token_time = now
                 timer.add(req.stage_timings_ms, "first_token", (time.time() - req.created_time) * 1e3)
                 self._append_token(req, tok)
                 if not req.finished():
