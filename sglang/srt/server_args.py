@@ -57,7 +57,7 @@ class ServerArgs:
         "metadata only) or cpu (pickled inside the request: the baseline)", choices=("cpu", "shm")))
     stream_interval: int = field(default=1, metadata=_arg("decode steps between streamed chunks"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
-        "seconds without scheduler progress before the server declares itself dead"))
+        "seconds any TP collective may wait for a peer rank before failing (a dead rank ends the server)"))
 
     def __post_init__(self):
         problems = []
