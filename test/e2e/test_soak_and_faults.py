@@ -1,0 +1,143 @@
+"""Soak and fault suite: the server under mixed load on a small KV pool answers every request with a
+200 or a 4xx, stays alive, does not grow, and leaves no KV slot or shared-memory segment behind; a killed
+child makes it answer 503 and exit non-zero quickly; SIGTERM under load exits cleanly.
+
+The default suite runs a short soak (SOAK_FAST); `-m slow` runs the long one (256 clients, 60 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import shm_sglang_entries, wait_until
+from soak_load import MixedLoad, tree_rss_bytes
+
+LIMIT_MM = 4
+# A small pool and chunk: admission, chunking and retraction all run under this load.
+SOAK_ARGS = ("--max-total-tokens", "1280", "--chunked-prefill-size", "128", "--max-running-requests", "16",
+             "--limit-mm-per-prompt", str(LIMIT_MM), "--context-length", "1024")
+SOAK_FAST = dict(clients=32, warmup_s=6.0, duration_s=20.0)
+SOAK_SLOW = dict(clients=256, warmup_s=15.0, duration_s=60.0)
+RSS_GROWTH_LIMIT = 0.10
+
+
+def _info(server) -> dict:
+    r = requests.get(server.url + "/get_server_info", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _idle(server) -> dict | None:
+    info = _info(server)
+    return info if info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0 else None
+
+
+def _soak(launch_server, clients: int, warmup_s: float, duration_s: float) -> dict:
+    server = launch_server(*SOAK_ARGS)
+    info0 = _info(server)
+    load = MixedLoad(server.url, LIMIT_MM, int(info0["context_length"]), seed=clients)
+    asyncio.run(load.run(clients, warmup_s))
+    wait_until(lambda: _idle(server), 120, what="the server to drain after warm-up")
+    rss_warm = tree_rss_bytes(server.proc.pid)
+    load.result = type(load.result)()  # count the measured phase only
+    t0 = time.monotonic()
+    result = asyncio.run(load.run(clients, duration_s))
+    elapsed = time.monotonic() - t0
+    info = wait_until(lambda: _idle(server), 120, what="the server to drain after the soak")
+    rss_end = tree_rss_bytes(server.proc.pid)
+    growth = rss_end / rss_warm - 1
+    figures = {
+        "clients": clients, "duration_s": round(elapsed, 1), "requests": result.total,
+        "req_per_s": round(result.total / elapsed, 1), "statuses": dict(sorted(result.statuses.items())),
+        "kinds": dict(result.kinds), "rss_warm_mb": round(rss_warm / 2**20), "rss_end_mb": round(rss_end / 2**20),
+        "rss_growth_pct": round(100 * growth, 1), "num_retractions": info.get("num_retractions"),
+    }
+    print("\nsoak figures:", figures)
+
+    assert not result.failures, f"{len(result.failures)} failures, first: {result.failures[:10]}"
+    assert not any(code >= 500 or code < 0 for code in result.statuses), result.statuses
+    assert result.kinds["bad"] > 0 and result.kinds["chat_stream_abort"] > 0 and result.statuses[200] > 0
+    # nothing held: every KV slot free or evictable, every request slot free, no segment of this server
+    assert info["available_kv_tokens"] == info["max_total_num_tokens"], info
+    assert info["free_req_slots"] == info0["free_req_slots"], info
+    own = {n for n in shm_sglang_entries() if n.startswith(f"sglang_mm_{server.port}_")}
+    assert not own, sorted(own)
+    assert growth < RSS_GROWTH_LIMIT, figures
+    ok = requests.post(server.url + "/generate", json={"text": "still there?", "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+    assert ok.status_code == 200, ok.text
+    server.close()
+    return figures
+
+
+def test_soak_short(launch_server):
+    _soak(launch_server, **SOAK_FAST)
+
+
+@pytest.mark.slow
+def test_soak_long(launch_server):
+    _soak(launch_server, **SOAK_SLOW)
+
+
+def _background_load(server, stop: threading.Event, statuses: list[int]) -> threading.Thread:
+    def loop():
+        body = {"text": "load", "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+        while not stop.is_set():
+            try:
+                statuses.append(requests.post(server.url + "/generate", json=body, timeout=30).status_code)
+            except requests.RequestException:
+                statuses.append(-1)
+                return
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("child", ["sglang-detok", "sglang-sched0"])
+def test_killed_child_answers_503_and_exits_fast(launch_server, child):
+    s = launch_server()
+    name = next((n for n in s.children.values() if n.startswith(child)), None)
+    assert name is not None, f"no child named {child}: {s.children}"
+    stop, statuses = threading.Event(), []
+    threads = [_background_load(s, stop, statuses) for _ in range(4)]
+    wait_until(lambda: len(statuses) >= 2, 60, what="load to flow")
+    os.kill(s.pid_of(name), signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    def answers_503_or_gone():
+        try:
+            return requests.get(s.url + "/health", timeout=2).status_code == 503
+        except requests.ConnectionError:
+            return True
+
+    wait_until(answers_503_or_gone, 10, what="/health to answer 503")
+    wait_until(lambda: s.proc.poll() is not None, 10, what="the server to exit")
+    assert time.monotonic() - killed_at < 10
+    assert s.proc.returncode != 0
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert all(code in (200, 503, -1) for code in statuses), statuses
+    s.stop()
+    s.assert_clean()
+
+
+def test_sigterm_under_load_exits_cleanly(launch_server):
+    s = launch_server("--max-total-tokens", "2048")
+    before = shm_sglang_entries()
+    stop, statuses = threading.Event(), []
+    threads = [_background_load(s, stop, statuses) for _ in range(8)]
+    wait_until(lambda: len(statuses) >= 4, 60, what="load to flow")
+    code = s.stop(signal.SIGTERM)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert code == 0, s.log_tail()
+    s.assert_clean()
+    assert not {n for n in shm_sglang_entries() - before if n.startswith(f"sglang_mm_{s.port}_")}
