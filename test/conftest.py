@@ -7,6 +7,20 @@ from pathlib import Path
 import pytest
 
 
+def pytest_configure(config):
+    """SGLANG_TEST_DEVICE=cuda on a machine without CUDA is a mistake, not a reason to test the CPU."""
+    from sglang.srt.environ import envs
+
+    device = envs.SGLANG_TEST_DEVICE.get()
+    if device not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"SGLANG_TEST_DEVICE={device!r}: use cpu or cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("SGLANG_TEST_DEVICE=cuda but torch sees no CUDA device")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Returns a function preset -> directory of that tiny preset (seed 0), built on first use."""

@@ -26,7 +26,17 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
-BASE_ARGS = ["--dtype", "float32", "--device", "cpu", "--log-level", "warning"]
+
+def _test_device() -> str:
+    from sglang.srt.environ import envs
+
+    return envs.SGLANG_TEST_DEVICE.get()
+
+
+# Servers run on SGLANG_TEST_DEVICE (cpu by default; gpu_check.sh sets cuda), always in float32 so that
+# greedy tokens are compared exactly with transformers on the same device.
+TEST_DEVICE = _test_device()
+BASE_ARGS = ["--dtype", "float32", "--device", TEST_DEVICE, "--log-level", "warning"]
 
 
 def free_port() -> int:
@@ -282,6 +292,7 @@ class HFReference:
         self.torch = torch
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         self.model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.model.to(TEST_DEVICE)
         self.processor = QwenVLProcessor.from_pretrained(str(model_dir), self.tokenizer)
         self._cache: dict = {}
 
@@ -297,11 +308,11 @@ class HFReference:
         if key not in self._cache:
             torch = self.torch
             ids, mm = self.prompt(template_messages, images)
-            t = torch.tensor([ids])
+            t = torch.tensor([ids], device=TEST_DEVICE)
             kwargs = {"mm_token_type_ids": (t == mm.im_token_id).long()}
             if images:
-                kwargs["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items])
-                kwargs["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items])
+                kwargs["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items]).to(TEST_DEVICE)
+                kwargs["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items], device=TEST_DEVICE)
             with torch.no_grad():
                 out = self.model.generate(
                     input_ids=t, attention_mask=torch.ones_like(t), max_new_tokens=max_new_tokens, do_sample=False, **kwargs

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import sglang
-from conftest import CASES, build_case, pid_alive
+from conftest import CASES, TEST_DEVICE, build_case, pid_alive
 from sglang.srt.managers.tokenizer_manager import GenerateError
 
 MAX_NEW = 12
@@ -18,7 +18,7 @@ MAX_NEW = 12
 def engine(model_dir):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")  # read by the spawned children only; see conftest.ServerProcess
-        e = sglang.Engine(model_path=str(model_dir), dtype="float32", device="cpu", log_level="warning",
+        e = sglang.Engine(model_path=str(model_dir), dtype="float32", device=TEST_DEVICE, log_level="warning",
                           max_total_tokens=1024)
     yield e
     e.shutdown()

@@ -9,12 +9,15 @@ import numpy as np
 import torch
 from PIL import Image
 
+from sglang.srt.environ import envs
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
 from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor
 
 IMAGE_PAD, VISION_START, VISION_END = 151655, 151652, 151653
 PLACEHOLDER = [VISION_START, IMAGE_PAD, VISION_END]
+# SGLANG_TEST_DEVICE=cuda runs the parity tests on the GPU: ours and transformers on the same device.
+TEST_DEVICE = envs.SGLANG_TEST_DEVICE.get()
 
 
 def noise_image(w: int, h: int, seed: int) -> Image.Image:
@@ -33,19 +36,26 @@ def small_processor(model_path: str, patch: int, mean, std) -> QwenVLProcessor:
     return QwenVLProcessor(None, ip, model_type=cfg["model_type"])
 
 
-def hf_logits(hf_model, input_ids: list[int], items) -> torch.Tensor:
-    ids = torch.tensor([input_ids])
-    kwargs = {"mm_token_type_ids": (ids == IMAGE_PAD).long()}
+def hf_inputs(hf_model, input_ids: list[int], items) -> dict:
+    """transformers' forward/generate inputs on the reference model's device and dtype."""
+    dev = hf_model.device
+    ids = torch.tensor([input_ids], device=dev)
+    kwargs = {"input_ids": ids, "mm_token_type_ids": (ids == IMAGE_PAD).long()}
     if items:
-        kwargs["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in items])
-        kwargs["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in items])
+        kwargs["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in items]).to(dev, hf_model.dtype)
+        kwargs["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in items], device=dev)
+    return kwargs
+
+
+def hf_logits(hf_model, input_ids: list[int], items) -> torch.Tensor:
     with torch.no_grad():
-        return hf_model(input_ids=ids, **kwargs).logits[0].float()
+        return hf_model(**hf_inputs(hf_model, input_ids, items)).logits[0].float().cpu()
 
 
-def make_runner(model_path: str, dtype: str = "float32") -> tuple[ModelRunner, StaticBatchRunner]:
+def make_runner(model_path: str, dtype: str = "float32", device: str = TEST_DEVICE) -> tuple[ModelRunner, StaticBatchRunner]:
     runner = ModelRunner(
-        ModelRunnerConfig(model_path=model_path, dtype=dtype, max_total_tokens=4096, max_running_requests=8, context_length=2048)
+        ModelRunnerConfig(model_path=model_path, dtype=dtype, device=device, max_total_tokens=4096, max_running_requests=8,
+                          context_length=2048)
     )
     return runner, StaticBatchRunner(runner)
 
@@ -60,6 +70,7 @@ def our_logits(sb: StaticBatchRunner, prompts, chunk_size: int | None = None) ->
 
 
 def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    ours, ref = ours.float().cpu(), ref.float().cpu()
     return ((ours - ref).abs().max() / ref.abs().max()).item()
 
 
