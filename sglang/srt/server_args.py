@@ -37,6 +37,9 @@ class ServerArgs:
     disable_radix_cache: bool = field(default=False, metadata=_arg("disable the prefix cache"))
     schedule_policy: str = field(default="fcfs", metadata=_arg(
         "order of waiting requests", choices=("fcfs", "lpm")))
+    schedule_conservativeness: float = field(default=1.0, metadata=_arg(
+        "how much KV admission holds back for the output of running requests (scales the new-token ratio; "
+        "larger: fewer retractions, smaller batches)"))
     log_level: str = field(default="info", metadata=_arg(
         "logging level", choices=("debug", "info", "warning", "error")))
     enable_metrics: bool = field(default=False, metadata=_arg("serve Prometheus metrics on /metrics"))
@@ -71,6 +74,8 @@ class ServerArgs:
             problems.append("--max-running-requests must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             problems.append("--max-total-tokens must be >= 16")
+        if self.schedule_conservativeness <= 0:
+            problems.append("--schedule-conservativeness must be > 0")
         if not 0 < self.mem_fraction_static < 1:
             problems.append("--mem-fraction-static must be in (0, 1)")
         if self.limit_mm_per_prompt < 0:

@@ -39,7 +39,7 @@ def test_batch_stream_and_early_stop(engine):
     assert [b["output_ids"] for b in batch] == [s["output_ids"] for s in singles]
     chunks = list(engine.generate("Hello there", sampling_params=params, stream=True))
     assert chunks[-1]["text"] == singles[0]["text"] and chunks[-1]["meta_info"]["finish_reason"] is not None
-    stream = engine.generate("Hello there", sampling_params={"max_new_tokens": 3000, "ignore_eos": True}, stream=True)
+    stream = engine.generate("Hello there", sampling_params={"max_new_tokens": 1000, "ignore_eos": True}, stream=True)
     next(stream)
     stream.close()  # aborts the request in the scheduler
     info = engine.get_server_info()

@@ -52,6 +52,7 @@ class CheckedRequest:
     images: list[Any]
     sampling: SamplingParams
     to_context: bool  # max_new_tokens unset by the client: fill the context
+    explicit_max_new: bool = False  # the client named max_new_tokens: too large for the KV cache is a 400
 
 
 class RequestBuilder:
@@ -143,7 +144,8 @@ class RequestBuilder:
                         f"image {i} ({src[:100]!r}) is not a data URL, an http(s) URL or valid base64 image data, "
                         "and local image files are disabled (start the server with --allowed-local-media-path DIR)"
                     )
-        return CheckedRequest(rid, obj, messages, images, sampling, to_context)
+        explicit = isinstance(obj.sampling_params, dict) and obj.sampling_params.get("max_new_tokens") is not None
+        return CheckedRequest(rid, obj, messages, images, sampling, to_context, explicit)
 
     # ------------------------------------------------------------------ worker thread side
     def build(self, req: CheckedRequest) -> tuple[TokenizedGenerateReqInput, bytes]:
@@ -174,9 +176,8 @@ class RequestBuilder:
         except ValueError as e:  # ImageLoadError, MultimodalInputError, SmartResizeError, MediaFetchError
             raise GenerateError(str(e)) from None
         self._check_length(len(ids))
-        room = self.context_length - len(ids)
         sampling = req.sampling
-        sampling.max_new_tokens = room if req.to_context else min(sampling.max_new_tokens, room)
+        sampling.max_new_tokens = self._fit_max_new_tokens(len(ids), sampling.max_new_tokens, req)
         tokenized = TokenizedGenerateReqInput(
             rid=req.rid, input_ids=ids, sampling_params=sampling, mm_inputs=mm_inputs, stream=obj.stream,
             input_text=prompt, created_time=obj.created_time, stage_timings_ms=timings if mm_inputs else {},
@@ -213,6 +214,23 @@ class RequestBuilder:
                 f"the prompt is too long: {prompt_len} tokens need {prompt_len + 1} KV cache slots, but the KV "
                 f"cache holds {self.max_total_num_tokens} tokens (--max-total-tokens)"
             )
+
+    def _fit_max_new_tokens(self, prompt_len: int, asked: int, req: CheckedRequest) -> int:
+        """Output room: up to the context length, and within the KV cache, which must hold the prompt
+        and every output token of this request at once. A default is clamped to what fits; an explicit
+        request that can never fit is refused, naming both numbers."""
+        room = self.context_length - prompt_len
+        n = room if req.to_context else min(asked, room)
+        if self.max_total_num_tokens is None:
+            return n
+        kv_room = self.max_total_num_tokens - prompt_len
+        if n > kv_room and req.explicit_max_new:
+            raise GenerateError(
+                f"the request cannot fit in the KV cache: the prompt has {prompt_len} tokens and max_new_tokens is "
+                f"{n}, {prompt_len + n} in all, but the KV cache holds {self.max_total_num_tokens} tokens "
+                f"(--max-total-tokens); ask for at most {kv_room} new tokens"
+            )
+        return min(n, kv_room)
 
     def _render_chat(self, messages: list[dict[str, Any]], kwargs: dict[str, Any] | None) -> str:
         try:

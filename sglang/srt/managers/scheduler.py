@@ -28,9 +28,9 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.mm_utils import pad_input_ids
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import PrefillAdder, decode_reserve, order_waiting
+from sglang.srt.managers.schedule_policy import NewTokenRatio, PrefillAdder, order_waiting, pick_retract_victim
 from sglang.srt.managers.tp_worker import TpModelWorker
-from sglang.srt.mem_cache.cache_manager import KVCacheManager
+from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.multimodal.hashing import ensure_item_hashes
@@ -65,6 +65,8 @@ class Scheduler:
         self.chunked_req: Req | None = None
         self.outbox: list[Req] = []  # requests with tokens (or a finish) to send this step
         self.num_retractions = 0
+        self.num_request_errors = 0  # requests ended by an exception in their own processing
+        self.new_token_ratio = NewTokenRatio(server_args.schedule_conservativeness)
 
         self.recv_socket = self.send_socket = None
         if port_args is not None and tp.rank == 0:
@@ -133,6 +135,14 @@ class Scheduler:
                 logger.error("scheduler dropped an unknown message %r", type(msg).__name__)
 
     def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
+        try:
+            self._handle_generate_request(recv)
+        except Exception as e:  # one malformed request must not end the loop
+            logger.exception("request %s failed on arrival", recv.rid)
+            req = Req(recv.rid, recv.input_ids or [0], recv.sampling_params, None, recv.stream, recv.created_time)
+            self._fail(req, e)
+
+    def _handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
         req = Req(recv.rid, recv.input_ids, recv.sampling_params, recv.mm_inputs, recv.stream,
                   recv.created_time, recv.stage_timings_ms)
         req.tp_broadcast_ms = recv.tp_broadcast_ms
@@ -164,6 +174,10 @@ class Scheduler:
             return f"the prompt has {n} tokens; the context length is {self.context_length}"
         if n + 1 > self.max_total_num_tokens:
             return f"the prompt needs {n + 1} KV slots; the KV cache holds {self.max_total_num_tokens}"
+        max_new = req.sampling_params.max_new_tokens
+        if isinstance(max_new, int) and n + max_new > self.max_total_num_tokens:
+            return (f"the prompt ({n} tokens) plus max_new_tokens ({max_new}) need {n + max_new} KV slots; "
+                    f"the KV cache holds {self.max_total_num_tokens}")
         items = req.mm_inputs.mm_items if req.mm_inputs is not None else []
         if len(items) > self.server_args.limit_mm_per_prompt:
             return f"{len(items)} images exceed --limit-mm-per-prompt {self.server_args.limit_mm_per_prompt}"
@@ -196,7 +210,8 @@ class Scheduler:
         args = self.server_args
         chunking = args.chunked_prefill_size > 0
         step = args.chunked_prefill_size if chunking else args.max_prefill_tokens
-        adder = PrefillAdder(self.kv, self.running, step, args.max_running_requests, chunking)
+        adder = PrefillAdder(self.kv, self.running, step, args.max_running_requests, chunking,
+                             self.new_token_ratio.value)
         if self.chunked_req is not None:
             adder.free_running += 1  # the chunked request's slot is already its own
             if not adder.add(self.chunked_req):
@@ -207,27 +222,52 @@ class Scheduler:
                 break
         if not adder.reqs:
             return None
-        admitted = {id(r) for r in adder.reqs}
-        self.waiting = [r for r in self.waiting if id(r) not in admitted]
-        reqs, lens = [], []
+        reqs, lens, locs = [], [], []
         for req, n in zip(adder.reqs, adder.extend_lens):
             if n == 0:  # a retracted request whose whole history is cached: straight back to decode
+                self._take_from_waiting(req)
                 self.running.append(req)
                 continue
+            try:
+                locs.append(self.kv.extend(req, n))
+            except OutOfKVSlots:
+                # the estimate was optimistic (pages, eviction): this and later requests wait
+                for later in adder.reqs[adder.reqs.index(req):]:
+                    if later is not self.chunked_req and later.kv_len == later.cache_len:
+                        self.kv.release(later)
+                break
+            self._take_from_waiting(req)
             reqs.append(req)
             lens.append(n)
         if not reqs:
             return None
-        batch = ScheduleBatch(ForwardMode.EXTEND, reqs, extend_lens=lens, prefix_lens=[r.kv_len for r in reqs])
-        batch.out_cache_loc = torch.cat([self.kv.extend(r, n) for r, n in zip(reqs, lens)])
+        batch = ScheduleBatch(ForwardMode.EXTEND, reqs, extend_lens=lens,
+                              prefix_lens=[r.kv_len - n for r, n in zip(reqs, lens)])
+        batch.out_cache_loc = torch.cat(locs)
         return batch
+
+    def _take_from_waiting(self, req: Req) -> None:
+        if req is not self.chunked_req:
+            self.waiting.remove(req)
 
     def update_running_batch(self) -> ScheduleBatch | None:
         if not self.running:
             return None
         ps = self.kv.allocator.page_size
-        while len(self.running) > 1 and self.kv.available_tokens() < ps * sum(r.kv_len % ps == 0 for r in self.running):
-            self._retract(self.running.pop())
+        while self.kv.available_tokens() < ps * sum(r.kv_len % ps == 0 for r in self.running):
+            if self.chunked_req is not None:  # pause the prefill first: decoding requests keep going
+                req, self.chunked_req = self.chunked_req, None
+                self._retract(req)
+            elif len(self.running) > 1:
+                victim = pick_retract_victim(self.running)
+                self.running.remove(victim)
+                self._retract(victim)
+            else:  # validation keeps prompt + max_new_tokens within the KV cache: cannot happen
+                req = self.running.pop()
+                logger.error("KV cache exhausted by a single request %s; ending it", req.rid)
+                self.finish(req, FinishReason("length", message="the KV cache is full"))
+                return None
+        self.new_token_ratio.on_decode_step()
         locs = [self.kv.extend(r, 1) for r in self.running]
         batch = ScheduleBatch(ForwardMode.DECODE, list(self.running))
         batch.out_cache_loc = torch.cat(locs)
@@ -239,7 +279,9 @@ class Scheduler:
         self.kv.release(req)
         self.waiting.insert(0, req)
         self.num_retractions += 1
-        logger.warning("KV cache full: retracted %s (%d retractions so far)", req.rid, self.num_retractions)
+        self.new_token_ratio.on_retract(self.running)
+        logger.warning("KV cache full: retracted %s (%d retractions so far; new-token ratio now %.2f)",
+                       req.rid, self.num_retractions, self.new_token_ratio.value)
 
     def _apply_aborts(self) -> None:
         for req in [r for r in self.running if r.to_abort]:
@@ -262,7 +304,8 @@ class Scheduler:
             for r in batch.reqs:
                 timer.add(r.stage_timings_ms, "llm_prefill" if batch.mode.is_extend() else "decode", step_ms)
         if batch.mode.is_extend():
-            self.chunked_req = None
+            if self.chunked_req is not None and any(r is self.chunked_req for r in batch.reqs):
+                self.chunked_req = None
             for req, tok in zip(batch.reqs, next_ids):
                 if req.is_prefilling():
                     self.chunked_req = req
@@ -281,7 +324,13 @@ class Scheduler:
 
     def _append_token(self, req: Req, tok: int) -> None:
         req.output_ids.append(tok)
-        reason = self._check_finished(req, tok)
+        try:
+            reason = self._check_finished(req, tok)
+        except Exception as e:  # e.g. a tokenizer failure while matching stop strings
+            logger.exception("request %s failed while checking its stop conditions", req.rid)
+            self.running = [r for r in self.running if r is not req]
+            self._fail(req, e)
+            return
         if reason is not None:
             self.finish(req, reason)
         elif req.stream and len(req.output_ids) - req.sent_len >= self.server_args.stream_interval:
@@ -303,6 +352,24 @@ class Scheduler:
         if req.prompt_len + len(req.output_ids) >= self.context_length:
             return FinishReason("length")
         return None
+
+    def _fail(self, req: Req, error: BaseException) -> None:
+        """Ends one request with a server error; its KV is released and the others go on."""
+        self.num_request_errors += 1
+        if req.finished():
+            return
+        msg = f"internal error while processing this request: {type(error).__name__}: {error}"
+        self.finish(req, FinishReason("abort", message=msg, status_code=500))
+
+    def _fail_batch(self, batch: ScheduleBatch, error: BaseException) -> None:
+        """A forward failed: nobody can tell which request caused it, so every request of the batch
+        ends with the error; requests not in the batch are untouched."""
+        in_batch = {id(r) for r in batch.reqs}
+        self.running = [r for r in self.running if id(r) not in in_batch]
+        if self.chunked_req is not None and id(self.chunked_req) in in_batch:
+            self.chunked_req = None
+        for req in batch.reqs:
+            self._fail(req, error)
 
     def finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
@@ -365,6 +432,8 @@ class Scheduler:
             "num_waiting_reqs": len(self.waiting),
             "free_req_slots": self.kv.req_to_token_pool.available_size(),
             "num_retractions": self.num_retractions,
+            "new_token_ratio": round(self.new_token_ratio.value, 4),
+            "num_request_errors": self.num_request_errors,
             "context_length": self.context_length,
             "mm_embedding_cache_bytes": self.worker.model_runner.mm_embedding_cache.current_bytes,
             "mm_embedding_cache_hits": self.worker.model_runner.mm_embedding_cache.hits,
@@ -377,13 +446,44 @@ class Scheduler:
         self.process_input_requests(self.recv_requests())
         batch = self.get_next_batch_to_run()
         if batch is not None:
-            self.run_batch(batch)
+            try:
+                self.run_batch(batch)
+            except Exception as e:
+                if _is_engine_fault(e):
+                    raise
+                logger.exception("a %s batch of %d request(s) failed", batch.mode.name, len(batch.reqs))
+                self._fail_batch(batch, e)
         self.flush_outputs()
         return batch is not None
 
     def event_loop(self) -> None:
         while True:
-            self.step()
+            try:
+                self.step()
+            except Exception as e:
+                if _is_engine_fault(e):
+                    raise
+                # a scheduling bug, not a dead peer: end what is in flight with an error, keep serving
+                logger.exception("scheduler step failed; ending the requests in flight with an error")
+                self._fail_all(e)
+
+    def _fail_all(self, error: BaseException) -> None:
+        reqs = self.running + ([self.chunked_req] if self.chunked_req else []) + self.waiting
+        self.running, self.chunked_req, self.waiting = [], None, []
+        for req in reqs:
+            self._fail(req, error)
+        self.flush_outputs()
+
+
+def _is_engine_fault(e: BaseException) -> bool:
+    """Failures no request caused and none can survive: a collective with a dead peer rank, a lost
+    device. The process exits on these (the server answers 503 and stops)."""
+    import torch.distributed as dist
+
+    if isinstance(e, getattr(dist, "DistError", ())) or isinstance(e, (MemoryError, SystemError)):
+        return True
+    text = str(e)
+    return any(s in text for s in ("Connection closed by peer", "Gloo", "NCCL", "CUDA error", "device-side assert"))
 
 
 def _min_across_ranks(value: int, tp: TPInfo) -> int:

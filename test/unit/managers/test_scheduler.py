@@ -169,3 +169,56 @@ def test_paged_allocation_keeps_requests_on_whole_pages(model):
     assert [s.outputs[r] for r in rids] == ref
     assert seen_pages
     s.assert_no_leak()
+
+
+def test_one_failing_request_ends_alone_and_the_loop_goes_on(model):
+    """An exception inside one request's processing (here: its stop-string check) ends that request
+    with a 500 and frees its KV; the request beside it finishes normally."""
+    path, proc, sb = model
+    s = InProcessScheduler(path)
+
+    class ExplodingTokenizer:
+        def decode(self, ids):
+            raise RuntimeError("tokenizer exploded")
+
+    s.sched._tokenizer = ExplodingTokenizer()
+    bad = s.submit(_text(8, 1), max_new_tokens=4, stop=["never"])
+    good = s.submit(_text(9, 2), max_new_tokens=4, ignore_eos=True)
+    s.run_until_idle()
+    assert s.finished[bad].type == "abort" and s.finished[bad].status_code == 500
+    assert "tokenizer exploded" in s.finished[bad].message
+    assert s.finished[good].type == "length" and len(s.outputs[good]) == 4
+    assert s.sched.get_info()["num_request_errors"] == 1
+    s.assert_no_leak()
+
+
+def test_failing_forward_ends_its_batch_and_the_next_request_runs(model, monkeypatch):
+    path, proc, sb = model
+    s = InProcessScheduler(path)
+    real = s.sched.worker.forward_batch_generation
+    calls = {"n": 0}
+
+    def flaky(batch, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("bad shapes in this batch")
+        return real(batch, *a, **k)
+
+    monkeypatch.setattr(s.sched.worker, "forward_batch_generation", flaky)
+    first = s.submit(_text(8, 3), max_new_tokens=3)
+    s.run_until_idle()
+    assert s.finished[first].type == "abort" and s.finished[first].status_code == 500
+    second = s.submit(_text(8, 4), max_new_tokens=3, ignore_eos=True)
+    s.run_until_idle()
+    assert s.finished[second].type == "length" and len(s.outputs[second]) == 3
+    s.assert_no_leak()
+
+
+def test_prompt_plus_max_new_tokens_beyond_the_pool_is_rejected(model):
+    path, proc, sb = model
+    s = InProcessScheduler(path, max_total_tokens=64)
+    rid = s.submit(_text(40, 5), max_new_tokens=50)
+    s.run_until_idle()
+    r = s.finished[rid]
+    assert r.type == "abort" and r.status_code == 400 and "40" in r.message and "50" in r.message and "64" in r.message
+    s.assert_no_leak()
