@@ -80,6 +80,16 @@ def wait_until(pred, timeout: float, interval: float = 0.1, what: str = "conditi
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def private_shm_prefix(size: str) -> list[str] | None:
+    """A command prefix that runs the server in its own mount namespace with a `size` tmpfs on
+    /dev/shm (a container's small /dev/shm, or another node's), or None where unshare is not allowed."""
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /dev/shm"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        return None
+    return ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"', "sh"]
+
+
 def shm_sglang_entries() -> set[str]:
     try:
         return {n for n in os.listdir("/dev/shm") if "sglang" in n}
@@ -90,7 +100,7 @@ def shm_sglang_entries() -> set[str]:
 class ServerProcess:
     """One `python -m sglang.launch_server` subprocess."""
 
-    def __init__(self, model_dir: Path, workdir: Path, extra_args: list[str]):
+    def __init__(self, model_dir: Path, workdir: Path, extra_args: list[str], cmd_prefix: list[str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmpdir = workdir / "tmp"
@@ -100,7 +110,7 @@ class ServerProcess:
         # One intra-op thread: with several torch processes on a small machine, spinning OpenMP
         # workers otherwise make the suite's run time depend on the machine's load.
         env = dict(os.environ, TMPDIR=str(self.tmpdir), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port),
+        cmd = [*(cmd_prefix or []), sys.executable, "-m", "sglang.launch_server", "--port", str(self.port),
                "--model-path", str(model_dir), *BASE_ARGS, *extra_args]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import data_url, noise_image, png_bytes, wait_until
+from conftest import ServerProcess, data_url, noise_image, png_bytes, private_shm_prefix, wait_until
 
 PROMPT = "<|im_start|>user\n" + "<|vision_start|><|image_pad|><|vision_end|>" * 2 + "What is shown?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -73,3 +73,28 @@ def test_no_segment_left_after_mixed_traffic(servers):
     r = requests.post(shm.url + "/generate", json=_body(999), timeout=60)
     assert r.status_code == 200
     assert "FileNotFoundError" not in shm.log_tail(200_000)
+
+
+def test_full_dev_shm_falls_back_to_inline(model_dir, tmp_path, servers):
+    """A container-sized /dev/shm (1 MB here; two 64x64 images are ~0.2 MB of float32 pixels each, a
+    larger image does not fit): requests still succeed, with the same tokens as the cpu transport,
+    the fallback is counted, and the server lives on."""
+    prefix = private_shm_prefix("1m")
+    if prefix is None:
+        pytest.skip("unshare -m is not permitted here (the injected-ENOSPC unit test covers the fallback)")
+    s = ServerProcess(model_dir, tmp_path / "small-shm", ["--mm-feature-transport", "shm"], cmd_prefix=prefix)
+    try:
+        s.wait_healthy()
+        big = [data_url(png_bytes(noise_image(640, 640, 5)))]
+        r = requests.post(s.url + "/generate", timeout=120, json={
+            "text": "<|vision_start|><|image_pad|><|vision_end|>Describe.", "image_data": big,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        same = requests.post(s.url + "/generate", json=_body(3), timeout=120)
+        ref = requests.post(servers[1].url + "/generate", json=_body(3), timeout=120)
+        assert same.status_code == 200 and same.json()["output_ids"] == ref.json()["output_ids"]
+        info = requests.get(s.url + "/get_server_info", timeout=30).json()
+        assert info["shm_fallback_count"] >= 1, info
+        assert "shared memory is full" in s.log_tail(20000)
+    finally:
+        assert s.stop() == 0, s.log_tail()

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from conftest import CASES, ServerProcess, build_case, data_url, free_port, png_bytes, wait_until
+from conftest import CASES, ServerProcess, build_case, data_url, free_port, png_bytes, private_shm_prefix, wait_until
 
 MAX_NEW = 8
 
@@ -37,9 +37,14 @@ def test_tp2_matches_transformers(tp2_server, hf_ref, case):
 
 
 def test_two_nodes_over_loopback(model_dir, tmp_path, hf_ref):
+    """Node 1 runs in its own mount namespace with its own /dev/shm, as on another machine: image
+    requests work only if no pixel data is sent through node 0's shared memory."""
+    prefix = private_shm_prefix("16m")
+    if prefix is None:
+        pytest.skip("unshare -m is not permitted here: node 1 would share node 0's /dev/shm")
     addr = f"127.0.0.1:{free_port()}"
     multi = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
-    worker = ServerProcess(model_dir, tmp_path / "node1", [*multi, "--node-rank", "1"])
+    worker = ServerProcess(model_dir, tmp_path / "node1", [*multi, "--node-rank", "1"], cmd_prefix=prefix)
     head = ServerProcess(model_dir, tmp_path / "node0", [*multi, "--node-rank", "0"])
     try:
         head.wait_healthy()

@@ -60,12 +60,12 @@ class AbortReq:
 
 @dataclass
 class FlushCacheReq:
-    pass
+    req_id: int = 0  # echoed in the reply: replies resolve the waiter with their id, never by order
 
 
 @dataclass
 class GetServerInfoReq:
-    pass
+    req_id: int = 0
 
 
 # ----------------------------------------------------------------------------- finish reasons
@@ -120,11 +120,13 @@ class BatchStrOut:
 class FlushCacheReqOutput:
     success: bool
     message: str = ""
+    req_id: int = 0
 
 
 @dataclass
 class GetServerInfoReqOutput:
     info: dict[str, Any]
+    req_id: int = 0
 
 
 @dataclass

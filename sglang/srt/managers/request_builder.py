@@ -8,6 +8,7 @@ tokenizer, image fetch/decode/preprocess, image hashing, pickling). Every proble
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import threading
@@ -21,11 +22,19 @@ from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, Toke
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import MediaFetcher, is_http_url
-from sglang.srt.multimodal.transport.shm import cleanup_own_segments, mm_items_to_shm, segment_prefix, unlink_segments
+from sglang.srt.multimodal.transport.shm import (
+    ShmSpaceError,
+    cleanup_own_segments,
+    mm_items_to_shm,
+    segment_prefix,
+    unlink_segments,
+)
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
 
+
+logger = logging.getLogger(__name__)
 
 class GenerateError(Exception):
     """A request that cannot be served; `status_code` is the HTTP status to answer with."""
@@ -88,8 +97,9 @@ class RequestBuilder:
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
         # --mm-feature-transport shm: pixels go to /dev/shm here; the request carries pointers only
-        self.shm_prefix = segment_prefix(server_args.port) if server_args.mm_feature_transport == "shm" else None
+        self.shm_prefix = segment_prefix(server_args.port) if use_shm_transport(server_args) else None
         self.unsent_shm: dict[str, tuple[list[str], float]] = {}  # rid -> (segment names, time built)
+        self.shm_fallback_count = 0  # requests sent inline because /dev/shm was full
         self._unsent_lock = threading.Lock()
         self.precompute_hash = precompute_hash_enabled()  # SGLANG_MM_PRECOMPUTE_HASH
         self.hash_algo = configured_hash_algo()  # SGLANG_MM_HASH_ALGO
@@ -183,7 +193,7 @@ class RequestBuilder:
             input_text=prompt, created_time=obj.created_time, stage_timings_ms=timings if mm_inputs else {},
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
-        names = mm_items_to_shm(mm_inputs, self.shm_prefix) if mm_inputs is not None and self.shm_prefix else []
+        names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []
         try:
             payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException:
@@ -215,6 +225,20 @@ class RequestBuilder:
                 f"cache holds {self.max_total_num_tokens} tokens (--max-total-tokens)"
             )
 
+    def _to_shm(self, rid: str, mm_inputs) -> list[str]:
+        """Pixels into shared memory; when /dev/shm is full this request's pixels travel inline
+        (pickled with the request) instead: slower, never fatal."""
+        try:
+            return mm_items_to_shm(mm_inputs, self.shm_prefix)
+        except ShmSpaceError as e:
+            with self._unsent_lock:
+                self.shm_fallback_count += 1
+                n = self.shm_fallback_count
+            if n == 1 or n % 100 == 0:  # a full /dev/shm stays full for a while: do not flood the log
+                logger.warning("shared memory is full (%s); request %s sends its pixels inline "
+                               "(%d request(s) so far; enlarge /dev/shm, e.g. docker --shm-size)", e, rid, n)
+            return []
+
     def _fit_max_new_tokens(self, prompt_len: int, asked: int, req: CheckedRequest) -> int:
         """Output room: up to the context length, and within the KV cache, which must hold the prompt
         and every output token of this request at once. A default is clamped to what fits; an explicit
@@ -240,6 +264,17 @@ class RequestBuilder:
 
     def _fetch_if_url(self, src: Any) -> Any:
         return self.fetcher(src) if is_http_url(src) else src
+
+
+def use_shm_transport(server_args: ServerArgs) -> bool:
+    """Shared memory reaches only the ranks on this host: with ranks on other nodes, pixels go inline."""
+    if server_args.mm_feature_transport != "shm":
+        return False
+    if server_args.nnodes > 1:
+        logger.warning("--mm-feature-transport shm needs every TP rank on one host; with --nnodes %d the "
+                       "pixels travel inline with the requests instead", server_args.nnodes)
+        return False
+    return True
 
 
 def merge_image_sources(sources: list[Any], image_data: list[Any]) -> list[Any]:

@@ -128,9 +128,11 @@ class Scheduler:
             elif isinstance(msg, AbortReq):
                 self.handle_abort(msg.rid, msg.reason)
             elif isinstance(msg, FlushCacheReq):
-                self.send(self.flush_cache())
+                out = self.flush_cache()
+                out.req_id = msg.req_id
+                self.send(out)
             elif isinstance(msg, GetServerInfoReq):
-                self.send(GetServerInfoReqOutput(self.get_info()))
+                self.send(GetServerInfoReqOutput(self.get_info(), req_id=msg.req_id))
             else:
                 logger.error("scheduler dropped an unknown message %r", type(msg).__name__)
 

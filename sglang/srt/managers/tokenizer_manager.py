@@ -9,6 +9,7 @@ processes: one dying makes the server unhealthy and fails every pending request 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import pickle
@@ -84,8 +85,8 @@ class TokenizerManager:
         self.healthy = True
         self.dead_reason: str | None = None
         self._closing = False
-        self._flush_waiters: list[asyncio.Future] = []
-        self._info_waiters: list[asyncio.Future] = []
+        self._control_waiters: dict[int, asyncio.Future] = {}  # control request id -> its reply
+        self._control_ids = itertools.count(1)
         self._background: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._zmq_ctx = None
@@ -174,7 +175,7 @@ class TokenizerManager:
             state.error = err
             state.event.set()
         self.rid_to_state.clear()
-        for fut in self._flush_waiters + self._info_waiters:
+        for fut in list(self._control_waiters.values()):
             if not fut.done():
                 fut.set_exception(err)
         if self._on_child_death is not None:
@@ -279,10 +280,8 @@ class TokenizerManager:
                 msg = await self._recv_sock.recv_pyobj()
                 if isinstance(msg, BatchStrOut):
                     self._handle_batch_str_out(msg)
-                elif isinstance(msg, FlushCacheReqOutput):
-                    _resolve_first(self._flush_waiters, msg)
-                elif isinstance(msg, GetServerInfoReqOutput):
-                    _resolve_first(self._info_waiters, msg)
+                elif isinstance(msg, (FlushCacheReqOutput, GetServerInfoReqOutput)):
+                    self._resolve_control(msg)
                 else:
                     logger.warning("tokenizer manager: ignoring unexpected message %s", type(msg).__name__)
         except asyncio.CancelledError:
@@ -340,16 +339,19 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ control
     async def flush_cache(self, timeout: float = CONTROL_TIMEOUT_S) -> FlushCacheReqOutput:
-        return await self._control(FlushCacheReq(), self._flush_waiters, timeout)
+        return await self._control(FlushCacheReq(), timeout)
 
     async def get_server_info(self, timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        out = await self._control(GetServerInfoReq(), self._info_waiters, timeout)
-        return out.info
+        out = await self._control(GetServerInfoReq(), timeout)
+        info = dict(out.info)
+        info["shm_fallback_count"] = self.builder.shm_fallback_count
+        return info
 
-    async def _control(self, req: Any, waiters: list[asyncio.Future], timeout: float) -> Any:
+    async def _control(self, req: Any, timeout: float) -> Any:
         self._raise_if_unhealthy()
         fut = asyncio.get_running_loop().create_future()
-        waiters.append(fut)
+        req.req_id = next(self._control_ids)
+        self._control_waiters[req.req_id] = fut
         await self._send_sock.send_pyobj(req)
         try:
             return await asyncio.wait_for(fut, timeout)
@@ -358,15 +360,15 @@ class TokenizerManager:
                 f"the scheduler did not answer {type(req).__name__} within {timeout:g} s", 504, "timeout"
             ) from None
         finally:
-            if fut in waiters:
-                waiters.remove(fut)
+            self._control_waiters.pop(req.req_id, None)
 
-
-def _resolve_first(waiters: list[asyncio.Future], msg: Any) -> None:
-    """Replies come back in request order; waiters that timed out are skipped."""
-    while waiters:
-        fut = waiters.pop(0)
-        if not fut.done():
+    def _resolve_control(self, msg: Any) -> None:
+        """The waiter with the reply's id gets it; a reply whose waiter gave up (timed out) is dropped,
+        so it can never answer a later request."""
+        fut = self._control_waiters.pop(msg.req_id, None)
+        if fut is None:
+            logger.debug("dropping a late %s (request %d timed out)", type(msg).__name__, msg.req_id)
+        elif not fut.done():
             fut.set_result(msg)
             return
 

@@ -10,7 +10,11 @@ Lifecycle, without the upstream failure modes:
   unlinks their names, exactly once. Mappings outlive the name, so no rank ever finds a segment
   missing, and memory is freed when the last mapping goes;
 - a request that fails before reaching the scheduler unlinks its segments where it fails; a crash
-  leaves names with this server's prefix, removed by `cleanup_stale_segments` at the next start.
+  leaves names with this server's prefix, removed by `cleanup_stale_segments` at the next start;
+- a segment's pages are reserved with posix_fallocate before anything is written through the
+  mapping: on a full tmpfs that is an ENOSPC exception (`ShmSpaceError`), where writing through an
+  unbacked mapping would be a SIGBUS that kills the process. The caller then sends that request's
+  pixels inline instead.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ def segment_prefix(port: int, pid: int | None = None) -> str:
     """Names of one server instance's segments start with this: its port, then the pid of the process
     that launched it (its tokenizer manager), which is what tells a stale segment from a live one."""
     return f"{_PREFIX_ROOT}{port}_{os.getpid() if pid is None else pid}_"
+
+
+class ShmSpaceError(OSError):
+    """/dev/shm cannot hold a segment (full tmpfs, size limit): send the data another way."""
 
 
 @dataclass
@@ -72,7 +80,10 @@ def write_segment(tensor: torch.Tensor, prefix: str) -> ShmPointerMMData:
     nbytes = t.numel() * t.element_size()
     fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, max(nbytes, 1))
+        try:
+            os.posix_fallocate(fd, 0, max(nbytes, 1))
+        except OSError as e:
+            raise ShmSpaceError(e.errno, f"cannot reserve {nbytes} bytes in {SHM_DIR}: {e.strerror}") from None
         with mmap.mmap(fd, max(nbytes, 1)) as mm:
             if nbytes:
                 np.frombuffer(mm, dtype=np.uint8, count=nbytes)[:] = t.reshape(-1).view(torch.uint8).numpy()
@@ -131,15 +142,20 @@ def cleanup_own_segments(prefix: str) -> int:
 
 def mm_items_to_shm(mm_inputs, prefix: str) -> list[str]:
     """Moves every tensor feature of a request into shared memory; returns the new segment names
-    (the caller unlinks them if the request never reaches the scheduler)."""
+    (the caller unlinks them if the request never reaches the scheduler). All or nothing: on any
+    failure the items keep their tensors and no segment of this call remains."""
     names: list[str] = []
+    originals: list[tuple[object, torch.Tensor]] = []
     try:
         for item in mm_inputs.mm_items:
             if isinstance(item.feature, torch.Tensor):
                 ptr = write_segment(item.feature, prefix)
                 names.append(ptr.name)
+                originals.append((item, item.feature))
                 item.feature = ptr
     except BaseException:
+        for item, tensor in originals:
+            item.feature = tensor
         unlink_segments(names)
         raise
     return names
