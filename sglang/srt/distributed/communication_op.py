@@ -23,22 +23,37 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, tp: TPInfo, dim: int = -1)
     return torch.cat(parts, dim=dim)
 
 
-def broadcast_pyobj(obj, tp: TPInfo, src: int = 0):
+def broadcast_pyobj(obj, tp: TPInfo, src: int = 0, timing: dict | None = None):
     """Rank `src` pickles `obj` into a byte tensor and broadcasts its size, then its bytes, over the
-    CPU group; every rank returns the unpickled object. Identity at tp size 1."""
+    CPU group; every rank returns the unpickled object. Identity at tp size 1.
+
+    With `timing`, `timing["wall_ms"]` is this rank's own share of the transfer: on `src` pickling and
+    sending, elsewhere receiving the bytes and unpickling, counted from the size message on, which
+    only arrives once `src` has the payload ready. A receiver's wait for `src` to reach the call
+    (it may still be polling its socket) is therefore not part of it."""
     import pickle
+    import time
 
     if tp.size == 1:
+        if timing is not None:
+            timing["wall_ms"] = 0.0
         return obj
     if tp.rank == src:
+        start = time.perf_counter()
         data = pickle.dumps(obj)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         size = torch.tensor([payload.numel()], dtype=torch.int64)
         dist.broadcast(size, src=src, group=tp.cpu_group)
         dist.broadcast(payload, src=src, group=tp.cpu_group)
+        if timing is not None:
+            timing["wall_ms"] = (time.perf_counter() - start) * 1e3
         return obj
     size = torch.empty(1, dtype=torch.int64)
     dist.broadcast(size, src=src, group=tp.cpu_group)
+    start = time.perf_counter()
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.broadcast(payload, src=src, group=tp.cpu_group)
-    return pickle.loads(payload.numpy().tobytes())
+    out = pickle.loads(payload.numpy().tobytes())
+    if timing is not None:
+        timing["wall_ms"] = (time.perf_counter() - start) * 1e3
+    return out

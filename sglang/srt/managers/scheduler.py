@@ -99,9 +99,9 @@ class Scheduler:
                     msgs.append(self.recv_socket.recv_pyobj(zmq.NOBLOCK))
                 except zmq.ZMQError:
                     break
-        start = time.perf_counter()
-        msgs = broadcast_pyobj(msgs, self.tp)
-        wall_ms = (time.perf_counter() - start) * 1e3
+        timing: dict = {}
+        msgs = broadcast_pyobj(msgs, self.tp, timing=timing)
+        wall_ms = timing["wall_ms"]
         self._unwrap_shm_features(msgs)
         for msg in msgs:
             if isinstance(msg, TokenizedGenerateReqInput):
