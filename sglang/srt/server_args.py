@@ -50,6 +50,14 @@ class ServerArgs:
         "directory local image paths must lie under (default: local paths refused)"))
     media_fetch_timeout: float = field(default=10.0, metadata=_arg("seconds to fetch one http(s) image"))
     media_max_bytes: int = field(default=20 * 1024 * 1024, metadata=_arg("byte cap for one fetched image"))
+    allowed_media_domains: tuple[str, ...] | None = field(default=None, metadata=_arg(
+        "hosts http(s) image URLs may point at (and their subdomains), space- or comma-separated; "
+        "default: any host with a public address"))
+    allow_private_media_urls: bool = field(default=False, metadata=_arg(
+        "also fetch image URLs whose host resolves to a loopback, private or link-local address "
+        "(refused by default: the server must not be a proxy into its own network)"))
+    max_request_body_mb: float = field(default=64.0, metadata=_arg(
+        "largest HTTP request body accepted, in MiB; larger bodies get 413"))
     random_seed: int = field(default=0, metadata=_arg("seed for sampling without a per-request seed"))
     dtype: str = field(default="auto", metadata=_arg(
         "weight dtype", choices=("auto", "float32", "bfloat16", "float16")))
@@ -78,6 +86,8 @@ class ServerArgs:
             problems.append("--schedule-conservativeness must be > 0")
         if not 0 < self.mem_fraction_static < 1:
             problems.append("--mem-fraction-static must be in (0, 1)")
+        if self.max_request_body_mb <= 0:
+            problems.append("--max-request-body-mb must be > 0")
         if self.limit_mm_per_prompt < 0:
             problems.append("--limit-mm-per-prompt must be >= 0")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -122,6 +132,9 @@ class ServerArgs:
                 parser.add_argument(flag, action="store_true", default=f.default, **kwargs)
                 continue
             base = _base_type(typ)
+            if get_origin(base) is tuple:  # a list of words: space- or comma-separated
+                parser.add_argument(flag, nargs="+", type=str, default=f.default, **kwargs)
+                continue
             kwargs["type"] = base
             kwargs["default"] = f.default
             if meta.get("choices"):
@@ -130,7 +143,11 @@ class ServerArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+        for name, value in values.items():
+            if isinstance(value, list):
+                values[name] = tuple(w for v in value for w in v.split(",") if w)
+        return cls(**values)
 
     @classmethod
     def from_argv(cls, argv: list[str] | None = None, prog: str = "python -m sglang.launch_server") -> "ServerArgs":

@@ -274,7 +274,9 @@ def outside_image(tmp_path_factory) -> Path:
 
 
 # The server most tests share: small image / fetch limits so the bad-input cases are cheap to hit.
-MAIN_SERVER_ARGS = ("--limit-mm-per-prompt", "4", "--media-fetch-timeout", "1", "--media-max-bytes", "1000000")
+# The media server lives on loopback, refused by default: this server allows it by name.
+MAIN_SERVER_ARGS = ("--limit-mm-per-prompt", "4", "--media-fetch-timeout", "1", "--media-max-bytes", "1000000",
+                    "--allowed-media-domains", "127.0.0.1", "--max-request-body-mb", "4")
 
 
 @pytest.fixture(scope="session")

@@ -106,8 +106,28 @@ def test_server_keeps_serving_after_bad_input(server, client, media_server, medi
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
 
 
-def test_dead_scheduler_fails_fast(launch_server, media_dir):
+def test_oversized_body_is_413_and_the_server_keeps_serving(server):
+    big = b'{"text": "' + b"x" * (5 * 2**20) + b'"}'
+    r = requests.post(server.url + "/generate", data=big, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text
+    assert "--max-request-body-mb" in r.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: the cap is enforced while reading
+        for _ in range(6):
+            yield b"y" * 2**20
+
+    r = requests.post(server.url + "/v1/chat/completions", data=chunks(), timeout=60)
+    assert r.status_code == 413, r.text
+    ok = requests.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_dead_scheduler_fails_fast(launch_server, media_dir, media_server):
     s = launch_server()
+    # By default an image URL on a loopback (or private) address is refused: no proxying into our network.
+    r = requests.post(s.url + "/v1/chat/completions", json=chat_body(messages=image_msg(media_server.url + "/img.png")),
+                      timeout=30)
+    assert r.status_code == 400 and "loopback" in r.json()["error"]["message"], r.text
     # Without --allowed-local-media-path, local files are refused (with a message saying how to enable them).
     r = requests.post(s.url + "/v1/chat/completions", json=chat_body(messages=image_msg(str(media_dir / "allowed.png"))), timeout=30)
     assert r.status_code == 400 and "--allowed-local-media-path" in r.json()["error"]["message"]

@@ -21,7 +21,7 @@ from sglang.srt.managers.chat_messages import split_chat_images
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
-from sglang.srt.multimodal.media_fetch import MediaFetcher, is_http_url
+from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
 from sglang.srt.multimodal.transport.shm import (
     ShmSpaceError,
     cleanup_own_segments,
@@ -91,7 +91,9 @@ class RequestBuilder:
             self.processor = get_processor_class(archs, model_type).from_pretrained(
                 model_path, self.tokenizer, allowed_local_media_path=server_args.allowed_local_media_path
             )
-        self.fetcher = MediaFetcher(server_args.media_fetch_timeout, server_args.media_max_bytes)
+        self.fetcher = MediaFetcher(server_args.media_fetch_timeout, server_args.media_max_bytes,
+                                    HostPolicy(tuple(server_args.allowed_media_domains or ()),
+                                               server_args.allow_private_media_urls))
         # Only per-image work runs here: `build` itself runs in another pool and waits on this one.
         self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
