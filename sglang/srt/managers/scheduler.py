@@ -6,42 +6,31 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 import traceback
 
 import torch
 import zmq
 
-from sglang.srt.distributed.communication_op import broadcast_pyobj
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, init_tp_group
-from sglang.srt.managers.io_struct import (
-    AbortReq,
-    BatchTokenIDOut,
-    FinishReason,
-    FlushCacheReq,
-    FlushCacheReqOutput,
-    GetServerInfoReq,
-    GetServerInfoReqOutput,
-    SchedulerDied,
-    SchedulerReady,
-    TokenizedGenerateReqInput,
-)
-from sglang.srt.managers.mm_utils import pad_input_ids
+from sglang.srt.managers.io_struct import FinishReason, SchedulerDied, SchedulerReady
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import NewTokenRatio, PrefillAdder, order_waiting, pick_retract_victim
+from sglang.srt.managers.scheduler_io_mixin import SchedulerIOMixin
+from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.multimodal.hashing import ensure_item_hashes
-from sglang.srt.multimodal.transport.shm import materialize_mm_features, unlink_segments
 from sglang.srt.server_args import PortArgs, ServerArgs
-from sglang.srt.vlm_stage_timer import STAGES, VlmStageTimer, rounded, stage_timer_enabled
+from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
 
 logger = logging.getLogger(__name__)
 
 
-class Scheduler:
+class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
+    """One TP rank's scheduler: the loop and the batch decisions live here; receiving requests is in
+    `scheduler_io_mixin.py`, applying results and sending them in `scheduler_output_processor_mixin.py`."""
+
     def __init__(self, server_args: ServerArgs, port_args: PortArgs | None, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0):
         self.server_args = server_args
         self.tp = tp
@@ -75,130 +64,6 @@ class Scheduler:
             self.recv_socket.bind(port_args.scheduler_input_ipc_name)
             self.send_socket = ctx.socket(zmq.PUSH)
             self.send_socket.connect(port_args.detokenizer_ipc_name)
-
-    # ------------------------------------------------------------------ input
-    @property
-    def tokenizer(self):
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
-        return self._tokenizer
-
-    def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req)
-
-    def recv_requests(self) -> list:
-        """Rank 0 drains the tokenizer's socket; every rank gets the same list (TP broadcast)."""
-        msgs = []
-        if self.recv_socket is not None:
-            if self.is_idle() and not self.recv_socket.poll(timeout=1000):
-                return broadcast_pyobj([], self.tp)
-            while True:
-                try:
-                    msgs.append(self.recv_socket.recv_pyobj(zmq.NOBLOCK))
-                except zmq.ZMQError:
-                    break
-        timing: dict = {}
-        msgs = broadcast_pyobj(msgs, self.tp, timing=timing)
-        wall_ms = timing["wall_ms"]
-        self._unwrap_shm_features(msgs)
-        for msg in msgs:
-            if isinstance(msg, TokenizedGenerateReqInput):
-                msg.tp_broadcast_ms = wall_ms  # the broadcast carrying this request (all of it)
-        return msgs
-
-    def _unwrap_shm_features(self, msgs: list) -> None:
-        """Pixel data sent through shared memory is mapped only now, after the broadcast carried its
-        metadata to every rank; once all ranks hold a mapping, rank 0 unlinks the names (once)."""
-        names = materialize_mm_features(msgs)
-        if not names:
-            return
-        if self.tp.size > 1:
-            import torch.distributed as dist
-
-            dist.barrier(group=self.tp.cpu_group)
-        if self.tp.rank == 0:
-            unlink_segments(names)
-
-    def process_input_requests(self, msgs: list) -> None:
-        for msg in msgs:
-            if isinstance(msg, TokenizedGenerateReqInput):
-                self.handle_generate_request(msg)
-            elif isinstance(msg, AbortReq):
-                self.handle_abort(msg.rid, msg.reason)
-            elif isinstance(msg, FlushCacheReq):
-                out = self.flush_cache()
-                out.req_id = msg.req_id
-                self.send(out)
-            elif isinstance(msg, GetServerInfoReq):
-                self.send(GetServerInfoReqOutput(self.get_info(), req_id=msg.req_id))
-            else:
-                logger.error("scheduler dropped an unknown message %r", type(msg).__name__)
-
-    def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
-        try:
-            self._handle_generate_request(recv)
-        except Exception as e:  # one malformed request must not end the loop
-            logger.exception("request %s failed on arrival", recv.rid)
-            req = Req(recv.rid, recv.input_ids or [0], recv.sampling_params, None, recv.stream, recv.created_time)
-            self._fail(req, e)
-
-    def _handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
-        req = Req(recv.rid, recv.input_ids, recv.sampling_params, recv.mm_inputs, recv.stream,
-                  recv.created_time, recv.stage_timings_ms)
-        req.tp_broadcast_ms = recv.tp_broadcast_ms
-        req.upstream_stages = frozenset(recv.stage_timings_ms)
-        if self.stage_timer.enabled:
-            if recv.send_time:
-                self.stage_timer.add(req.stage_timings_ms, "recv", (time.time() - recv.send_time) * 1e3)
-            self.stage_timer.add(req.stage_timings_ms, "broadcast", recv.tp_broadcast_ms)
-        error = self._validate(req)
-        if error:
-            self.finish(req, FinishReason("abort", message=error, status_code=400))
-            return
-        if req.mm_inputs is not None and req.mm_inputs.mm_items:
-            # Baseline (SGLANG_MM_PRECOMPUTE_HASH=0): every image is hashed here, in the scheduler loop.
-            # Precomputed, the tokenizer timed `hash` itself and this only fills what is missing.
-            if "hash" in req.upstream_stages:
-                ensure_item_hashes(req.mm_inputs)
-            else:
-                with self.stage_timer.measure(req.stage_timings_ms, "hash"):
-                    ensure_item_hashes(req.mm_inputs)
-            req.prompt_key = pad_input_ids(req.origin_input_ids, req.mm_inputs)
-        self.waiting.append(req)
-
-    def _validate(self, req: Req) -> str | None:
-        n = req.prompt_len
-        if n == 0:
-            return "the prompt is empty"
-        if n >= self.context_length:
-            return f"the prompt has {n} tokens; the context length is {self.context_length}"
-        if n + 1 > self.max_total_num_tokens:
-            return f"the prompt needs {n + 1} KV slots; the KV cache holds {self.max_total_num_tokens}"
-        max_new = req.sampling_params.max_new_tokens
-        if isinstance(max_new, int) and n + max_new > self.max_total_num_tokens:
-            return (f"the prompt ({n} tokens) plus max_new_tokens ({max_new}) need {n + max_new} KV slots; "
-                    f"the KV cache holds {self.max_total_num_tokens}")
-        items = req.mm_inputs.mm_items if req.mm_inputs is not None else []
-        if len(items) > self.server_args.limit_mm_per_prompt:
-            return f"{len(items)} images exceed --limit-mm-per-prompt {self.server_args.limit_mm_per_prompt}"
-        try:
-            req.sampling_params.verify()
-        except ValueError as e:
-            return str(e)
-        return None
-
-    def handle_abort(self, rid: str, reason: str) -> None:
-        for i, req in enumerate(self.waiting):
-            if req.rid == rid:
-                del self.waiting[i]
-                self.kv.release(req)
-                self.finish(req, FinishReason("abort", message=reason))
-                return
-        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
-            if req.rid == rid:
-                req.to_abort = FinishReason("abort", message=reason)  # applied between steps
 
     # ------------------------------------------------------------------ scheduling
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
@@ -292,155 +157,6 @@ class Scheduler:
         if self.chunked_req is not None and self.chunked_req.to_abort:
             req, self.chunked_req = self.chunked_req, None
             self.finish(req, req.to_abort)
-
-    # ------------------------------------------------------------------ results
-    def run_batch(self, batch: ScheduleBatch) -> None:
-        timer = self.stage_timer
-        start = time.perf_counter()
-        next_ids, totals = self.worker.forward_batch_generation(batch, timer.enabled)
-        now = time.perf_counter()
-        if timer.enabled:
-            step_ms = (now - start) * 1e3
-            if batch.mode.is_extend():
-                step_ms -= totals.get("vit_encode", 0.0) + totals.get("embed_merge", 0.0)
-            for r in batch.reqs:
-                timer.add(r.stage_timings_ms, "llm_prefill" if batch.mode.is_extend() else "decode", step_ms)
-        if batch.mode.is_extend():
-            if self.chunked_req is not None and any(r is self.chunked_req for r in batch.reqs):
-                self.chunked_req = None
-            for req, tok in zip(batch.reqs, next_ids):
-                if req.is_prefilling():
-                    self.chunked_req = req
-                    continue
-                if req.output_ids:  # re-prefill after retraction: its next token is already known
-                    self.running.append(req)
-                    continue
-                timer.add(req.stage_timings_ms, "first_token", (time.time() - req.created_time) * 1e3)
-                self._append_token(req, tok)
-                if not req.finished():
-                    self.running.append(req)
-        else:
-            for req, tok in zip(batch.reqs, next_ids):
-                self._append_token(req, tok)
-            self.running = [r for r in self.running if not r.finished()]
-
-    def _append_token(self, req: Req, tok: int) -> None:
-        req.output_ids.append(tok)
-        try:
-            reason = self._check_finished(req, tok)
-        except Exception as e:  # e.g. a tokenizer failure while matching stop strings
-            logger.exception("request %s failed while checking its stop conditions", req.rid)
-            self.running = [r for r in self.running if r is not req]
-            self._fail(req, e)
-            return
-        if reason is not None:
-            self.finish(req, reason)
-        elif req.stream and len(req.output_ids) - req.sent_len >= self.server_args.stream_interval:
-            self.outbox.append(req)
-
-    def _check_finished(self, req: Req, tok: int) -> FinishReason | None:
-        sp = req.sampling_params
-        if tok in self.eos_ids and not sp.ignore_eos:
-            return FinishReason("stop", matched=tok)
-        if tok in sp.stop_token_ids:
-            return FinishReason("stop", matched=tok)
-        if sp.stop:
-            tail = self.tokenizer.decode(req.output_ids[-(8 + max(len(s) for s in sp.stop)) :])
-            for s in sp.stop:
-                if s in tail:
-                    return FinishReason("stop", matched=s)
-        if len(req.output_ids) >= sp.max_new_tokens:
-            return FinishReason("length")
-        if req.prompt_len + len(req.output_ids) >= self.context_length:
-            return FinishReason("length")
-        return None
-
-    def _fail(self, req: Req, error: BaseException) -> None:
-        """Ends one request with a server error; its KV is released and the others go on."""
-        self.num_request_errors += 1
-        if req.finished():
-            return
-        msg = f"internal error while processing this request: {type(error).__name__}: {error}"
-        self.finish(req, FinishReason("abort", message=msg, status_code=500))
-
-    def _fail_batch(self, batch: ScheduleBatch, error: BaseException) -> None:
-        """A forward failed: nobody can tell which request caused it, so every request of the batch
-        ends with the error; requests not in the batch are untouched."""
-        in_batch = {id(r) for r in batch.reqs}
-        self.running = [r for r in self.running if id(r) not in in_batch]
-        if self.chunked_req is not None and id(self.chunked_req) in in_batch:
-            self.chunked_req = None
-        for req in batch.reqs:
-            self._fail(req, error)
-
-    def finish(self, req: Req, reason: FinishReason) -> None:
-        req.finished_reason = reason
-        # stages measured upstream (tokenizer process) were logged there
-        self.stage_timer.emit(req.rid, req.stage_timings_ms, [st for st in STAGES if st not in req.upstream_stages])
-        self.kv.release(req)
-        self.outbox.append(req)
-
-    def flush_outputs(self) -> None:
-        if not self.outbox or self.tp.rank != 0:
-            self.outbox.clear()
-            return
-        seen, reqs = set(), []
-        for r in self.outbox:
-            if id(r) not in seen:
-                seen.add(id(r))
-                reqs.append(r)
-        self.outbox.clear()
-        out = BatchTokenIDOut([], [], [], [], [], [], [], [])
-        for r in reqs:
-            out.rids.append(r.rid)
-            out.new_token_ids.append(r.output_ids[r.sent_len :])
-            r.sent_len = len(r.output_ids)
-            out.finished_reasons.append(r.finished_reason)
-            out.prompt_tokens.append(r.prompt_len)
-            out.completion_tokens.append(len(r.output_ids))
-            out.cached_tokens.append(r.cached_tokens)
-            out.skip_special_tokens.append(r.sampling_params.skip_special_tokens)
-            out.meta_info.append(self._meta_info(r))
-        self.send(out)
-
-    def _meta_info(self, req: Req) -> dict:
-        meta = {"prompt_tokens": req.prompt_len, "completion_tokens": len(req.output_ids),
-                "cached_tokens": req.cached_tokens, "tp_broadcast_ms": round(req.tp_broadcast_ms, 3)}
-        if req.mm_inputs is not None:
-            meta["vit_encoded_images"] = req.mm_inputs.num_vit_encoded
-        if req.stage_timings_ms:
-            meta["stage_timings_ms"] = rounded(req.stage_timings_ms)
-        return meta
-
-    def send(self, obj) -> None:
-        if self.send_socket is not None:
-            self.send_socket.send_pyobj(obj)
-
-    # ------------------------------------------------------------------ control
-    def flush_cache(self) -> FlushCacheReqOutput:
-        if not self.is_idle():
-            return FlushCacheReqOutput(False, "requests are running; flush the cache when the server is idle")
-        self.tree.reset()
-        self.worker.model_runner.mm_embedding_cache.clear()
-        return FlushCacheReqOutput(True)
-
-    def get_info(self) -> dict:
-        return {
-            "max_total_num_tokens": self.max_total_num_tokens,
-            "available_kv_tokens": self.kv.available_tokens(),
-            "free_kv_tokens": self.kv.allocator.available_size(),
-            "radix_cache_tokens": self.tree.total_size(),
-            "num_running_reqs": len(self.running) + (1 if self.chunked_req else 0),
-            "num_waiting_reqs": len(self.waiting),
-            "free_req_slots": self.kv.req_to_token_pool.available_size(),
-            "num_retractions": self.num_retractions,
-            "new_token_ratio": round(self.new_token_ratio.value, 4),
-            "num_request_errors": self.num_request_errors,
-            "context_length": self.context_length,
-            "mm_embedding_cache_bytes": self.worker.model_runner.mm_embedding_cache.current_bytes,
-            "mm_embedding_cache_hits": self.worker.model_runner.mm_embedding_cache.hits,
-            "mm_embedding_cache_misses": self.worker.model_runner.mm_embedding_cache.misses,
-        }
 
     # ------------------------------------------------------------------ loop
     def step(self) -> bool:

@@ -1,0 +1,179 @@
+"""The scheduler's input side: receiving requests (rank 0 from the tokenizer manager, then the TP
+broadcast), mapping shared-memory pixels after it, validating and queueing requests, aborts, and the
+control requests (flush cache, server info)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from sglang.srt.distributed.communication_op import broadcast_pyobj
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    FinishReason,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GetServerInfoReq,
+    GetServerInfoReqOutput,
+    TokenizedGenerateReqInput,
+)
+from sglang.srt.managers.mm_utils import pad_input_ids
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.multimodal.hashing import ensure_item_hashes
+from sglang.srt.multimodal.transport.shm import materialize_mm_features, unlink_segments
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerIOMixin:
+    # ------------------------------------------------------------------ input
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+        return self._tokenizer
+
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked_req)
+
+    def recv_requests(self) -> list:
+        """Rank 0 drains the tokenizer's socket; every rank gets the same list (TP broadcast)."""
+        msgs = []
+        if self.recv_socket is not None:
+            if self.is_idle() and not self.recv_socket.poll(timeout=1000):
+                return broadcast_pyobj([], self.tp)
+            while True:
+                try:
+                    msgs.append(self.recv_socket.recv_pyobj(zmq.NOBLOCK))
+                except zmq.ZMQError:
+                    break
+        timing: dict = {}
+        msgs = broadcast_pyobj(msgs, self.tp, timing=timing)
+        wall_ms = timing["wall_ms"]
+        self._unwrap_shm_features(msgs)
+        for msg in msgs:
+            if isinstance(msg, TokenizedGenerateReqInput):
+                msg.tp_broadcast_ms = wall_ms  # the broadcast carrying this request (all of it)
+        return msgs
+
+    def _unwrap_shm_features(self, msgs: list) -> None:
+        """Pixel data sent through shared memory is mapped only now, after the broadcast carried its
+        metadata to every rank; once all ranks hold a mapping, rank 0 unlinks the names (once)."""
+        names = materialize_mm_features(msgs)
+        if not names:
+            return
+        if self.tp.size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.tp.cpu_group)
+        if self.tp.rank == 0:
+            unlink_segments(names)
+
+    def process_input_requests(self, msgs: list) -> None:
+        for msg in msgs:
+            if isinstance(msg, TokenizedGenerateReqInput):
+                self.handle_generate_request(msg)
+            elif isinstance(msg, AbortReq):
+                self.handle_abort(msg.rid, msg.reason)
+            elif isinstance(msg, FlushCacheReq):
+                out = self.flush_cache()
+                out.req_id = msg.req_id
+                self.send(out)
+            elif isinstance(msg, GetServerInfoReq):
+                self.send(GetServerInfoReqOutput(self.get_info(), req_id=msg.req_id))
+            else:
+                logger.error("scheduler dropped an unknown message %r", type(msg).__name__)
+
+    def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
+        try:
+            self._handle_generate_request(recv)
+        except Exception as e:  # one malformed request must not end the loop
+            logger.exception("request %s failed on arrival", recv.rid)
+            req = Req(recv.rid, recv.input_ids or [0], recv.sampling_params, None, recv.stream, recv.created_time)
+            self._fail(req, e)
+
+    def _handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
+        req = Req(recv.rid, recv.input_ids, recv.sampling_params, recv.mm_inputs, recv.stream,
+                  recv.created_time, recv.stage_timings_ms)
+        req.tp_broadcast_ms = recv.tp_broadcast_ms
+        req.upstream_stages = frozenset(recv.stage_timings_ms)
+        if self.stage_timer.enabled:
+            if recv.send_time:
+                self.stage_timer.add(req.stage_timings_ms, "recv", (time.time() - recv.send_time) * 1e3)
+            self.stage_timer.add(req.stage_timings_ms, "broadcast", recv.tp_broadcast_ms)
+        error = self._validate(req)
+        if error:
+            self.finish(req, FinishReason("abort", message=error, status_code=400))
+            return
+        if req.mm_inputs is not None and req.mm_inputs.mm_items:
+            # Baseline (SGLANG_MM_PRECOMPUTE_HASH=0): every image is hashed here, in the scheduler loop.
+            # Precomputed, the tokenizer timed `hash` itself and this only fills what is missing.
+            if "hash" in req.upstream_stages:
+                ensure_item_hashes(req.mm_inputs)
+            else:
+                with self.stage_timer.measure(req.stage_timings_ms, "hash"):
+                    ensure_item_hashes(req.mm_inputs)
+            req.prompt_key = pad_input_ids(req.origin_input_ids, req.mm_inputs)
+        self.waiting.append(req)
+
+    def _validate(self, req: Req) -> str | None:
+        n = req.prompt_len
+        if n == 0:
+            return "the prompt is empty"
+        if n >= self.context_length:
+            return f"the prompt has {n} tokens; the context length is {self.context_length}"
+        if n + 1 > self.max_total_num_tokens:
+            return f"the prompt needs {n + 1} KV slots; the KV cache holds {self.max_total_num_tokens}"
+        max_new = req.sampling_params.max_new_tokens
+        if isinstance(max_new, int) and n + max_new > self.max_total_num_tokens:
+            return (f"the prompt ({n} tokens) plus max_new_tokens ({max_new}) need {n + max_new} KV slots; "
+                    f"the KV cache holds {self.max_total_num_tokens}")
+        items = req.mm_inputs.mm_items if req.mm_inputs is not None else []
+        if len(items) > self.server_args.limit_mm_per_prompt:
+            return f"{len(items)} images exceed --limit-mm-per-prompt {self.server_args.limit_mm_per_prompt}"
+        try:
+            req.sampling_params.verify()
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def handle_abort(self, rid: str, reason: str) -> None:
+        for i, req in enumerate(self.waiting):
+            if req.rid == rid:
+                del self.waiting[i]
+                self.kv.release(req)
+                self.finish(req, FinishReason("abort", message=reason))
+                return
+        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
+            if req.rid == rid:
+                req.to_abort = FinishReason("abort", message=reason)  # applied between steps
+
+    # ------------------------------------------------------------------ control
+    def flush_cache(self) -> FlushCacheReqOutput:
+        if not self.is_idle():
+            return FlushCacheReqOutput(False, "requests are running; flush the cache when the server is idle")
+        self.tree.reset()
+        self.worker.model_runner.mm_embedding_cache.clear()
+        return FlushCacheReqOutput(True)
+
+    def get_info(self) -> dict:
+        return {
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "available_kv_tokens": self.kv.available_tokens(),
+            "free_kv_tokens": self.kv.allocator.available_size(),
+            "radix_cache_tokens": self.tree.total_size(),
+            "num_running_reqs": len(self.running) + (1 if self.chunked_req else 0),
+            "num_waiting_reqs": len(self.waiting),
+            "free_req_slots": self.kv.req_to_token_pool.available_size(),
+            "num_retractions": self.num_retractions,
+            "new_token_ratio": round(self.new_token_ratio.value, 4),
+            "num_request_errors": self.num_request_errors,
+            "context_length": self.context_length,
+            "mm_embedding_cache_bytes": self.worker.model_runner.mm_embedding_cache.current_bytes,
+            "mm_embedding_cache_hits": self.worker.model_runner.mm_embedding_cache.hits,
+            "mm_embedding_cache_misses": self.worker.model_runner.mm_embedding_cache.misses,
+        }

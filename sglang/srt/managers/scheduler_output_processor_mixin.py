@@ -1,0 +1,138 @@
+"""The scheduler's output side: applying a batch's sampled tokens, stop conditions, finishing and
+failing requests, and sending token ids (with meta info) to the detokenizer."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sglang.srt.managers.io_struct import BatchTokenIDOut, FinishReason
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.vlm_stage_timer import STAGES, rounded
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerOutputProcessorMixin:
+    # ------------------------------------------------------------------ results
+    def run_batch(self, batch: ScheduleBatch) -> None:
+        timer = self.stage_timer
+        start = time.perf_counter()
+        next_ids, totals = self.worker.forward_batch_generation(batch, timer.enabled)
+        now = time.perf_counter()
+        if timer.enabled:
+            step_ms = (now - start) * 1e3
+            if batch.mode.is_extend():
+                step_ms -= totals.get("vit_encode", 0.0) + totals.get("embed_merge", 0.0)
+            for r in batch.reqs:
+                timer.add(r.stage_timings_ms, "llm_prefill" if batch.mode.is_extend() else "decode", step_ms)
+        if batch.mode.is_extend():
+            if self.chunked_req is not None and any(r is self.chunked_req for r in batch.reqs):
+                self.chunked_req = None
+            for req, tok in zip(batch.reqs, next_ids):
+                if req.is_prefilling():
+                    self.chunked_req = req
+                    continue
+                if req.output_ids:  # re-prefill after retraction: its next token is already known
+                    self.running.append(req)
+                    continue
+                timer.add(req.stage_timings_ms, "first_token", (time.time() - req.created_time) * 1e3)
+                self._append_token(req, tok)
+                if not req.finished():
+                    self.running.append(req)
+        else:
+            for req, tok in zip(batch.reqs, next_ids):
+                self._append_token(req, tok)
+            self.running = [r for r in self.running if not r.finished()]
+
+    def _append_token(self, req: Req, tok: int) -> None:
+        req.output_ids.append(tok)
+        try:
+            reason = self._check_finished(req, tok)
+        except Exception as e:  # e.g. a tokenizer failure while matching stop strings
+            logger.exception("request %s failed while checking its stop conditions", req.rid)
+            self.running = [r for r in self.running if r is not req]
+            self._fail(req, e)
+            return
+        if reason is not None:
+            self.finish(req, reason)
+        elif req.stream and len(req.output_ids) - req.sent_len >= self.server_args.stream_interval:
+            self.outbox.append(req)
+
+    def _check_finished(self, req: Req, tok: int) -> FinishReason | None:
+        sp = req.sampling_params
+        if tok in self.eos_ids and not sp.ignore_eos:
+            return FinishReason("stop", matched=tok)
+        if tok in sp.stop_token_ids:
+            return FinishReason("stop", matched=tok)
+        if sp.stop:
+            tail = self.tokenizer.decode(req.output_ids[-(8 + max(len(s) for s in sp.stop)) :])
+            for s in sp.stop:
+                if s in tail:
+                    return FinishReason("stop", matched=s)
+        if len(req.output_ids) >= sp.max_new_tokens:
+            return FinishReason("length")
+        if req.prompt_len + len(req.output_ids) >= self.context_length:
+            return FinishReason("length")
+        return None
+
+    def _fail(self, req: Req, error: BaseException) -> None:
+        """Ends one request with a server error; its KV is released and the others go on."""
+        self.num_request_errors += 1
+        if req.finished():
+            return
+        msg = f"internal error while processing this request: {type(error).__name__}: {error}"
+        self.finish(req, FinishReason("abort", message=msg, status_code=500))
+
+    def _fail_batch(self, batch: ScheduleBatch, error: BaseException) -> None:
+        """A forward failed: nobody can tell which request caused it, so every request of the batch
+        ends with the error; requests not in the batch are untouched."""
+        in_batch = {id(r) for r in batch.reqs}
+        self.running = [r for r in self.running if id(r) not in in_batch]
+        if self.chunked_req is not None and id(self.chunked_req) in in_batch:
+            self.chunked_req = None
+        for req in batch.reqs:
+            self._fail(req, error)
+
+    def finish(self, req: Req, reason: FinishReason) -> None:
+        req.finished_reason = reason
+        # stages measured upstream (tokenizer process) were logged there
+        self.stage_timer.emit(req.rid, req.stage_timings_ms, [st for st in STAGES if st not in req.upstream_stages])
+        self.kv.release(req)
+        self.outbox.append(req)
+
+    def flush_outputs(self) -> None:
+        if not self.outbox or self.tp.rank != 0:
+            self.outbox.clear()
+            return
+        seen, reqs = set(), []
+        for r in self.outbox:
+            if id(r) not in seen:
+                seen.add(id(r))
+                reqs.append(r)
+        self.outbox.clear()
+        out = BatchTokenIDOut([], [], [], [], [], [], [], [])
+        for r in reqs:
+            out.rids.append(r.rid)
+            out.new_token_ids.append(r.output_ids[r.sent_len :])
+            r.sent_len = len(r.output_ids)
+            out.finished_reasons.append(r.finished_reason)
+            out.prompt_tokens.append(r.prompt_len)
+            out.completion_tokens.append(len(r.output_ids))
+            out.cached_tokens.append(r.cached_tokens)
+            out.skip_special_tokens.append(r.sampling_params.skip_special_tokens)
+            out.meta_info.append(self._meta_info(r))
+        self.send(out)
+
+    def _meta_info(self, req: Req) -> dict:
+        meta = {"prompt_tokens": req.prompt_len, "completion_tokens": len(req.output_ids),
+                "cached_tokens": req.cached_tokens, "tp_broadcast_ms": round(req.tp_broadcast_ms, 3)}
+        if req.mm_inputs is not None:
+            meta["vit_encoded_images"] = req.mm_inputs.num_vit_encoded
+        if req.stage_timings_ms:
+            meta["stage_timings_ms"] = rounded(req.stage_timings_ms)
+        return meta
+
+    def send(self, obj) -> None:
+        if self.send_socket is not None:
+            self.send_socket.send_pyobj(obj)
