@@ -8,9 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang.srt.managers.mm_chunk_encoder import chunk_image_spans, gather_chunk_image_rows
-from sglang.srt.mem_cache.mm_embedding_cache import ImageEmbeddingCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.multimodal.embedder import MultimodalEmbedConfig, MultimodalEmbedder, chunk_image_spans
 from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem, MultimodalInputs
 
 HIDDEN = 3
@@ -40,7 +39,7 @@ def _fb(mm, start, n):
         forward_mode=ForwardMode.EXTEND, input_ids=torch.zeros(n, dtype=torch.int64), positions=torch.zeros(3, n),
         req_pool_indices=torch.zeros(1), seq_lens=torch.tensor([start + n]), out_cache_loc=torch.zeros(n),
         seq_lens_cpu=[start + n], extend_seq_lens_cpu=[n], extend_prefix_lens_cpu=[start], mm_inputs=[mm],
-        vit_chunk_per_image=True,
+        rids=["req"],
     )
 
 
@@ -53,7 +52,7 @@ def _fb(mm, start, n):
 )
 def test_chunks_encode_exactly_overlapping_images_once(layout, chunk, hashed, cache_bytes):
     mm, total = _request(layout, hashed)
-    cache = ImageEmbeddingCache(cache_bytes) if hashed else None
+    embedder = MultimodalEmbedder(MultimodalEmbedConfig(chunk_per_image=True, cache_bytes=cache_bytes))
     encoded: list[int] = []
 
     def encode(items):
@@ -65,7 +64,7 @@ def test_chunks_encode_exactly_overlapping_images_once(layout, chunk, hashed, ca
         n = min(chunk, total - start)
         overlapping = {idx for idx, *_ in chunk_image_spans(mm, start, start + n)}
         before = len(encoded)
-        positions, rows = gather_chunk_image_rows(_fb(mm, start, n), encode, cache)
+        positions, rows = embedder._gather_per_image(_fb(mm, start, n), encode)
         assert set(encoded[before:]) <= overlapping
         used = {idx for idx, *_ in chunk_image_spans(mm, start, start + n)}
         assert used == overlapping
@@ -73,8 +72,10 @@ def test_chunks_encode_exactly_overlapping_images_once(layout, chunk, hashed, ca
             got[start + p] = r
 
     assert sorted(encoded) == list(range(len(layout))), "each image encoded exactly once per request"
-    assert mm.num_vit_encoded == len(layout)
-    assert not getattr(mm, "_pending_embeds", {}), "nothing held after the last chunk"
+    assert embedder.encoded_images("req") == len(layout)
+    assert embedder.num_pending() == 0, "nothing held after the last chunk"
+    embedder.release("req")
+    assert embedder.encoded_images("req") == 0
     for item in mm.mm_items:
         s, e = item.offsets[0]
         assert torch.equal(got[s:e], _embedding(item))

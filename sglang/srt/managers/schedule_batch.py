@@ -130,6 +130,7 @@ class ScheduleBatch:
             extend_seq_lens_cpu=list(self.extend_lens),
             extend_prefix_lens_cpu=list(self.prefix_lens),
             mm_inputs=[r.mm_inputs for r in self.reqs] if self.mode.is_extend() else [],
+            rids=[r.rid for r in self.reqs],
             stage_timings=[r.stage_timings_ms for r in self.reqs] if stage_timer_on else None,
             stage_totals={} if stage_timer_on else None,
         )

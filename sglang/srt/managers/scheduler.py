@@ -21,6 +21,7 @@ from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.multimodal.hashing import configured_hash_algo
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
 
@@ -56,6 +57,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         self.num_retractions = 0
         self.num_request_errors = 0  # requests ended by an exception in their own processing
         self.new_token_ratio = NewTokenRatio(server_args.schedule_conservativeness)
+        self.hash_algo = configured_hash_algo()  # resolved once; items the tokenizer did not hash use it
 
         self.recv_socket = self.send_socket = None
         if port_args is not None and tp.rank == 0:

@@ -113,10 +113,10 @@ class SchedulerIOMixin:
             # Baseline (SGLANG_MM_PRECOMPUTE_HASH=0): every image is hashed here, in the scheduler loop.
             # Precomputed, the tokenizer timed `hash` itself and this only fills what is missing.
             if "hash" in req.upstream_stages:
-                ensure_item_hashes(req.mm_inputs)
+                ensure_item_hashes(req.mm_inputs, self.hash_algo)
             else:
                 with self.stage_timer.measure(req.stage_timings_ms, "hash"):
-                    ensure_item_hashes(req.mm_inputs)
+                    ensure_item_hashes(req.mm_inputs, self.hash_algo)
             req.prompt_key = pad_input_ids(req.origin_input_ids, req.mm_inputs)
         self.waiting.append(req)
 
@@ -157,7 +157,7 @@ class SchedulerIOMixin:
         if not self.is_idle():
             return FlushCacheReqOutput(False, "requests are running; flush the cache when the server is idle")
         self.tree.reset()
-        self.worker.model_runner.mm_embedding_cache.clear()
+        self.worker.clear_mm_cache()
         return FlushCacheReqOutput(True)
 
     def get_info(self) -> dict:
@@ -173,7 +173,5 @@ class SchedulerIOMixin:
             "new_token_ratio": round(self.new_token_ratio.value, 4),
             "num_request_errors": self.num_request_errors,
             "context_length": self.context_length,
-            "mm_embedding_cache_bytes": self.worker.model_runner.mm_embedding_cache.current_bytes,
-            "mm_embedding_cache_hits": self.worker.model_runner.mm_embedding_cache.hits,
-            "mm_embedding_cache_misses": self.worker.model_runner.mm_embedding_cache.misses,
+            **self.worker.mm_stats(),
         }

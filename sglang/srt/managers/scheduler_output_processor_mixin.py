@@ -103,6 +103,7 @@ class SchedulerOutputProcessorMixin:
 
     def flush_outputs(self) -> None:
         if not self.outbox or self.tp.rank != 0:
+            self._release_finished(self.outbox)
             self.outbox.clear()
             return
         seen, reqs = set(), []
@@ -122,13 +123,20 @@ class SchedulerOutputProcessorMixin:
             out.cached_tokens.append(r.cached_tokens)
             out.skip_special_tokens.append(r.sampling_params.skip_special_tokens)
             out.meta_info.append(self._meta_info(r))
+        self._release_finished(reqs)
         self.send(out)
+
+    def _release_finished(self, reqs: list[Req]) -> None:
+        """After their last output is built: finished requests' embedder state goes (every rank)."""
+        for r in reqs:
+            if r.finished():
+                self.worker.release_request(r.rid)
 
     def _meta_info(self, req: Req) -> dict:
         meta = {"prompt_tokens": req.prompt_len, "completion_tokens": len(req.output_ids),
                 "cached_tokens": req.cached_tokens, "tp_broadcast_ms": round(req.tp_broadcast_ms, 3)}
         if req.mm_inputs is not None:
-            meta["vit_encoded_images"] = req.mm_inputs.num_vit_encoded
+            meta["vit_encoded_images"] = self.worker.mm_encoded_images(req.rid)
         if req.stage_timings_ms:
             meta["stage_timings_ms"] = rounded(req.stage_timings_ms)
         return meta

@@ -47,3 +47,17 @@ class TpModelWorker:
         )
         tokens = self.sampler(out.next_token_logits, info).tolist()  # .tolist() syncs the device
         return tokens, fb.stage_totals or {}
+
+    # ------------------------------------------------------------------ multimodal embedding state
+    def mm_encoded_images(self, rid: str) -> int:
+        return self.model_runner.mm_embedder.encoded_images(rid)
+
+    def release_request(self, rid: str) -> None:
+        """A finished request's embedder state (pending image rows, counters) is dropped."""
+        self.model_runner.mm_embedder.release(rid)
+
+    def clear_mm_cache(self) -> None:
+        self.model_runner.mm_embedder.clear()
+
+    def mm_stats(self) -> dict:
+        return self.model_runner.mm_embedder.stats()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from sglang.srt.multimodal.embedder import MultimodalEmbedder
     from sglang.srt.multimodal.mm_types import MultimodalInputs
 
 
@@ -26,7 +27,7 @@ class ForwardMode(IntEnum):
 @dataclass
 class ForwardBatch:
     forward_mode: ForwardMode
-    input_ids: torch.Tensor  # (T,) flattened over requests; image tokens may hold pad values
+    input_ids: torch.Tensor  # (T,) flattened over requests; image tokens keep the image token id
     positions: torch.Tensor  # (3, T) M-RoPE positions, or (T,) for text-only models
     req_pool_indices: torch.Tensor  # (B,)
     seq_lens: torch.Tensor  # (B,) total tokens per request after this step
@@ -35,12 +36,12 @@ class ForwardBatch:
     extend_seq_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
     extend_prefix_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
     mm_inputs: list["MultimodalInputs | None"] = field(default_factory=list)
+    rids: list[str] = field(default_factory=list)  # one per request: keys the embedder's pending rows
     req_to_token_pool: Any = None
     token_to_kv_pool: Any = None
     attn_backend: Any = None
     return_all_logits: bool = False
-    mm_embedding_cache: Any = None  # the runner's embedding cache (per-image or baseline per-set)
-    vit_chunk_per_image: bool = False  # encode only the images overlapping this chunk
+    mm_embedder: "MultimodalEmbedder | None" = None  # set by the model runner
     # Stage timer (None when off): one dict per request, plus this batch's totals.
     stage_timings: list[dict] | None = None
     stage_totals: dict | None = None

@@ -12,8 +12,7 @@ from sglang.srt.layers.attention.base_attn_backend import create_attention_backe
 from sglang.srt.layers.attention import torch_native_backend  # noqa: F401  (registers "torch_native")
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang.srt.environ import envs
-from sglang.srt.mem_cache.mm_embedding_cache import ImageEmbeddingCache, MultimodalEmbeddingCache
+from sglang.srt.multimodal.embedder import MultimodalEmbedConfig, MultimodalEmbedder
 from sglang.srt.model_loader.loader import get_model
 
 logger = logging.getLogger(__name__)
@@ -52,9 +51,8 @@ class ModelRunner:
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device, cfg.page_size)
         self.attn_backend = create_attention_backend(cfg.attention_backend)
-        self.vit_chunk_per_image = envs.SGLANG_VIT_CHUNK_PER_IMAGE.get()
-        cache_cls = ImageEmbeddingCache if self.vit_chunk_per_image else MultimodalEmbeddingCache
-        self.mm_embedding_cache = cache_cls(int(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024))
+        # switches resolved once here: the embedding strategy and its cache are fixed for the process
+        self.mm_embedder = MultimodalEmbedder(MultimodalEmbedConfig.from_env())
 
     def shrink_kv_budget(self, num_tokens: int) -> None:
         """TP ranks must agree on one KV budget (scheduling decisions are replicated): use the
@@ -83,7 +81,6 @@ class ModelRunner:
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
-        forward_batch.mm_embedding_cache = self.mm_embedding_cache
-        forward_batch.vit_chunk_per_image = self.vit_chunk_per_image
+        forward_batch.mm_embedder = self.mm_embedder
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)

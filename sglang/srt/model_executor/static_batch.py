@@ -4,11 +4,15 @@ scheduler builds the same ForwardBatch objects from its running queue."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, compute_positions
+
+
+_seq_ids = itertools.count()
 
 
 @dataclass
@@ -19,6 +23,7 @@ class StaticSeq:
     kv_len: int = 0
     output_ids: list[int] = field(default_factory=list)
     slots: list[torch.Tensor] = field(default_factory=list)
+    rid: str = field(default_factory=lambda: f"static-{next(_seq_ids)}")
 
     def positions(self, start: int, end: int) -> torch.Tensor:
         return compute_positions(self.mm_inputs, len(self.input_ids), start, end)
@@ -115,6 +120,7 @@ class StaticBatchRunner:
             if s.req_pool_idx >= 0:
                 self.runner.req_to_token_pool.free(s.req_pool_idx)
                 s.req_pool_idx = -1
+            self.runner.mm_embedder.release(s.rid)
 
     def _batch(self, mode, seqs, ids, pos, locs, seq_lens, ext=None, pre=None) -> ForwardBatch:
         device = self.runner.device
@@ -129,4 +135,5 @@ class StaticBatchRunner:
             extend_seq_lens_cpu=ext or [],
             extend_prefix_lens_cpu=pre or [],
             mm_inputs=[s.mm_inputs for s in seqs] if mode.is_extend() else [],
+            rids=[s.rid for s in seqs],
         )

@@ -21,7 +21,6 @@ from sglang.srt.layers.vision_blocks import (
     rot_pos_ids,
 )
 from sglang.srt.layers.vision_pos_embed import CachedVisionRotary
-from sglang.srt.managers.mm_utils import general_mm_embed_routine
 from sglang.srt.models.qwen2 import Qwen2Model
 from sglang.srt.models.vlm_base import QwenVLForConditionalGenerationBase
 
@@ -143,9 +142,7 @@ class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         self.init_lm_head()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch):
-        embeds, _ = general_mm_embed_routine(
-            input_ids, forward_batch, self.model.embed_tokens, self.get_image_feature, self.config.text.hidden_size
-        )
+        embeds, _ = self.embed_inputs(input_ids, forward_batch)
         hidden = self.model(None, positions, forward_batch, input_embeds=embeds)
         return self.logits_processor(hidden, self.lm_head.weight, forward_batch)
 

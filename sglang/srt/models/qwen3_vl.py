@@ -15,7 +15,6 @@ from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
 from sglang.srt.layers.vision_blocks import VisionBlock, VisionMLP, image_cu_seqlens, make_patch_embed, rot_pos_ids
 from sglang.srt.layers.vision_pos_embed import CachedVisionRotary, FastPosEmbedInterpolator
-from sglang.srt.managers.mm_utils import general_mm_embed_routine
 from sglang.srt.models.qwen3 import Qwen3Model
 from sglang.srt.models.vlm_base import QwenVLForConditionalGenerationBase
 
@@ -144,13 +143,7 @@ class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         self.init_lm_head()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch):
-        embeds, deepstack = general_mm_embed_routine(
-            input_ids,
-            forward_batch,
-            self.model.embed_tokens,
-            self.get_image_feature,
-            self.config.text.hidden_size,
-        )
+        embeds, deepstack = self.embed_inputs(input_ids, forward_batch)
         hidden = self.model(None, positions, forward_batch, input_embeds=embeds, deepstack_embeds=deepstack)
         return self.logits_processor(hidden, self.lm_head.weight, forward_batch)
 

@@ -48,6 +48,15 @@ class QwenVLForConditionalGenerationBase(nn.Module):
     def skip_checkpoint_name(self, name: str) -> bool:
         return self.config.tie_word_embeddings and name.startswith("lm_head.")
 
+    def embed_inputs(self, input_ids: torch.Tensor, forward_batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(input embeddings, deepstack embeddings or None): the runner's multimodal embedder merges
+        image embeddings in; without one (text only) the token embeddings alone."""
+        embedder = forward_batch.mm_embedder
+        if embedder is None:
+            return self.model.embed_tokens(input_ids), None
+        return embedder.embed(input_ids, forward_batch, self.model.embed_tokens, self.get_image_feature,
+                              self.config.text.hidden_size)
+
     def get_image_feature(self, items: list) -> list[torch.Tensor]:
         """Runs the vision tower once over the given images (packed) and returns one embedding matrix
         per image, (tokens, out_hidden * (1 + num_deepstack))."""

@@ -90,8 +90,6 @@ class MultimodalInputs:
     im_start_id: int = QWEN_VISION_START_TOKEN_ID
     im_end_id: int = QWEN_VISION_END_TOKEN_ID
     video_token_id: int = QWEN_VIDEO_TOKEN_ID
-    # Images this request sent through the vision encoder (scheduler-side statistic).
-    num_vit_encoded: int = 0
 
     @property
     def image_items(self) -> list[MultimodalDataItem]:
