@@ -144,6 +144,7 @@ def test_sigterm_under_load_exits_cleanly(launch_server):
     for t in threads:
         t.join(30)
     assert code == 0, s.log_tail()
+    assert all(c in (200, 503, -1) for c in statuses), (sorted(set(statuses)), s.log_tail(6000))  # a shutdown is 503, never a 500
     print(f"\nfault figures: SIGTERM under load: exit code {code}, load statuses {sorted(set(statuses))} "
           f"over {len(statuses)} requests")
     s.assert_clean()

@@ -38,6 +38,32 @@ logger = logging.getLogger(__name__)
 
 # After a child process dies: keep answering 503 this long (clients and balancers see why), then exit.
 EXIT_GRACE_S = 1.0
+# SIGTERM/SIGINT: requests in flight get this long to finish; those still running then answer 503
+# ("shutting down") just before the HTTP server would cancel them (which would be a 500).
+SHUTDOWN_GRACE_S = 5.0
+
+
+def _draining_server_class():
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def __init__(self, config, tm: TokenizerManager):
+            super().__init__(config)
+            self.tm = tm
+
+        async def shutdown(self, sockets=None) -> None:
+            loop = asyncio.get_running_loop()
+            handle = loop.call_later(max(SHUTDOWN_GRACE_S - 1.0, 0.0), self.tm.fail_pending, "server is shutting down")
+            try:
+                await super().shutdown(sockets)
+            finally:
+                handle.cancel()
+
+    return DrainingServer
+
+
+def _draining_server(config, tm: TokenizerManager):
+    return _draining_server_class()(config, tm)
 
 
 def create_app(
@@ -252,9 +278,9 @@ def launch_server(server_args: ServerArgs) -> int:
             access_log=server_args.log_level == "debug",
             loop="asyncio",
             http="h11",
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
-        server_box.append(uvicorn.Server(config))
+        server_box.append(_draining_server(config, tm))
         logger.info("serving on http://%s:%d", server_args.host, server_args.port)
         server_box[0].run()
     finally:

@@ -163,6 +163,17 @@ class TokenizerManager:
                     pass
                 return
 
+    def fail_pending(self, reason: str) -> None:
+        """Every request in flight answers 503 with `reason` now (their schedulers' work is aborted as
+        their handlers leave); new requests are refused from here on."""
+        self._closing = True
+        states = list(self.rid_to_state.values())
+        for state in states:
+            state.error = ServerUnhealthyError(reason)
+            state.event.set()
+        if states:
+            logger.warning("%s: answering %d request(s) in flight with 503", reason, len(states))
+
     def mark_dead(self, reason: str) -> None:
         """The server cannot serve any more: fail everything pending with 503 and notify the owner."""
         if self._closing or not self.healthy:
@@ -197,7 +208,13 @@ class TokenizerManager:
         if not obj.created_time:
             obj.created_time = time.time()
         checked = self.builder.check(obj, rid)
-        return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
+        except GenerateError:
+            raise
+        except Exception:
+            self._raise_if_unhealthy()  # shut down under it (pool cancelled): 503, not a 500
+            raise
 
     async def generate_tokenized(
         self, tokenized: TokenizedGenerateReqInput, payload: bytes | None = None
@@ -214,9 +231,11 @@ class TokenizerManager:
                 payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
             unsent = self.builder.take_unsent_shm(rid)
             try:
+                self._raise_if_unhealthy()
                 await self._send_sock.send(payload, copy=False)
             except BaseException:
                 unlink_segments(unsent)  # never reached a scheduler: nobody else will unlink
+                self._raise_if_unhealthy()  # the socket went away with a shutdown: 503, not a 500
                 raise
             if self.stage_timer.enabled:
                 if tokenized.send_time:
