@@ -15,11 +15,15 @@ T = TypeVar("T")
 
 def _parse_bool(raw: str) -> bool:
     v = raw.strip().lower()
-    if v in ("1", "true", "yes", "on"):
+    if v in ("1", "true", "yes", "y", "on"):
         return True
-    if v in ("0", "false", "no", "off", ""):
+    if v in ("0", "false", "no", "n", "off", ""):
         return False
-    raise ValueError(f"expected a boolean (1/0/true/false), got {raw!r}")
+    raise ValueError(f"expected a boolean (1/0/true/false/yes/no/y/n/on/off), got {raw!r}")
+
+
+# upstream's boolean spellings, for switches that are 0/1 plus more choices
+_BOOL_ALIASES = {**{k: "1" for k in ("true", "yes", "y", "on")}, **{k: "0" for k in ("false", "no", "n", "off")}}
 
 
 def _parse_choice(raw: str, choices: tuple[str, ...], aliases: dict[str, str] | None = None) -> str:
@@ -80,7 +84,7 @@ envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
 envs.add("SGLANG_VIT_FAST_POS_EMBED", True, _parse_bool,
          "ViT position-embedding interpolation and 2D rotary indices cached per grid shape, gathered on device "
          "(0: baseline, recomputed per forward).")
-envs.add("SGLANG_MM_PRECOMPUTE_HASH", "1", lambda raw: _parse_choice(raw, ("0", "1", "auto"), {"false": "0", "true": "1"}),
+envs.add("SGLANG_MM_PRECOMPUTE_HASH", "1", lambda raw: _parse_choice(raw, ("0", "1", "auto"), _BOOL_ALIASES),
          "Image content hashes and pad values computed in the tokenizer process, in worker threads, before sending "
          "(0: baseline, the scheduler hashes every image in its loop; auto: same as 1, measured to never lose).")
 envs.add("SGLANG_MM_HASH_ALGO", "xxh3_128", lambda raw: _parse_choice(raw, ("xxh3_128", "blake3", "sha256")),

@@ -8,8 +8,39 @@ from dataclasses import dataclass, field
 from typing import Any, get_args, get_origin, get_type_hints
 
 
-def _arg(help: str, choices: tuple | None = None, **kw) -> dict:
-    return {"help": help, "choices": choices, **kw}
+def _arg(help: str, choices: tuple | None = None, parse=None, **kw) -> dict:
+    return {"help": help, "choices": choices, "parse": parse, **kw}
+
+
+def parse_token_count(raw: str) -> int:
+    """An integer, or one with a size suffix as upstream accepts: 128k = 128000, 128K = 131072 (k m g
+    decimal, K M G binary)."""
+    raw = str(raw).strip()
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+    if raw and raw[-1] in units:
+        return int(float(raw[:-1]) * units[raw[-1]])
+    return int(raw)
+
+
+def parse_image_limit(raw: str) -> int:
+    """`N`, or the JSON forms `{"image": N}` (upstream's --limit-mm-data-per-request, vLLM's
+    --limit-mm-per-prompt). Other modalities must be 0: video is not served."""
+    import json
+
+    raw = str(raw).strip()
+    if not raw.startswith("{"):
+        return int(raw)
+    try:
+        limits = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e}") from None
+    unknown = {k for k, v in limits.items() if k != "image" and v}
+    if unknown:
+        raise ValueError(f"only image inputs are served; got limits for {sorted(unknown)}")
+    return int(limits.get("image", 0))
+
+
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @dataclass(frozen=True)
@@ -24,13 +55,15 @@ class ServerArgs:
     nnodes: int = field(default=1, metadata=_arg("number of nodes"))
     node_rank: int = field(default=0, metadata=_arg("this node's rank"))
     dist_init_addr: str | None = field(default=None, metadata=_arg("host:port of the torch.distributed rendezvous"))
-    context_length: int | None = field(default=None, metadata=_arg("max prompt + output tokens (default: model's)"))
+    context_length: int | None = field(default=None, metadata=_arg(
+        "max prompt + output tokens (default: model's); size suffixes accepted (128k)", parse=parse_token_count))
     chunked_prefill_size: int = field(default=8192, metadata=_arg(
         "max tokens prefilled per step; longer prompts are split into chunks (-1: no chunking)"))
     max_prefill_tokens: int = field(default=16384, metadata=_arg("token budget of one prefill batch"))
     max_running_requests: int = field(default=64, metadata=_arg("max requests decoding at once"))
     max_total_tokens: int | None = field(default=None, metadata=_arg(
-        "KV cache size in tokens (CPU default 65536; GPU default from --mem-fraction-static)"))
+        "KV cache size in tokens (CPU default 65536; GPU default from --mem-fraction-static); 128k accepted",
+        parse=parse_token_count))
     mem_fraction_static: float = field(default=0.85, metadata=_arg(
         "GPU: fraction of device memory for weights + KV cache"))
     page_size: int = field(default=1, metadata=_arg("KV cache page size in tokens"))
@@ -45,7 +78,10 @@ class ServerArgs:
     enable_metrics: bool = field(default=False, metadata=_arg("serve Prometheus metrics on /metrics"))
     enable_vlm_stage_timer: bool = field(default=False, metadata=_arg(
         "time each VLM pipeline stage per request: log lines, meta_info['stage_timings_ms'], metrics"))
-    limit_mm_per_prompt: int = field(default=32, metadata=_arg("max images per request"))
+    limit_mm_per_prompt: int = field(default=32, metadata=_arg(
+        "max images per request: N or vLLM's JSON form '{\"image\": N}'", parse=parse_image_limit))
+    limit_mm_data_per_request: str | None = field(default=None, metadata=_arg(
+        "upstream's form of the image limit, JSON '{\"image\": N}' (overrides --limit-mm-per-prompt)"))
     allowed_local_media_path: str | None = field(default=None, metadata=_arg(
         "directory local image paths must lie under (default: local paths refused)"))
     media_fetch_timeout: float = field(default=10.0, metadata=_arg("seconds to fetch one http(s) image"))
@@ -60,7 +96,7 @@ class ServerArgs:
         "largest HTTP request body accepted, in MiB; larger bodies get 413"))
     random_seed: int = field(default=0, metadata=_arg("seed for sampling without a per-request seed"))
     dtype: str = field(default="auto", metadata=_arg(
-        "weight dtype", choices=("auto", "float32", "bfloat16", "float16")))
+        "weight dtype", choices=("auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES)))
     device: str = field(default="auto", metadata=_arg("device", choices=("auto", "cpu", "cuda")))
     attention_backend: str = field(default="torch_native", metadata=_arg("attention backend"))
     mm_feature_transport: str = field(default="shm", metadata=_arg(
@@ -69,9 +105,52 @@ class ServerArgs:
     stream_interval: int = field(default=1, metadata=_arg("decode steps between streamed chunks"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
         "seconds any TP collective may wait for a peer rank before failing (a dead rank ends the server)"))
+    api_key: str | None = field(default=None, metadata=_arg(
+        "require 'Authorization: Bearer <key>' on every route except /health and /metrics"))
+    chat_template: str | None = field(default=None, metadata=_arg(
+        "a Jinja chat template file to use instead of the tokenizer's"))
+    # ---- upstream flags accepted for compatibility (docs/compatibility.md); values the engine cannot
+    # honour stop start-up with one line saying so
+    enable_multimodal: bool = field(default=False, metadata=_arg(
+        "accepted for compatibility: multimodal input is always on for vision-language models"))
+    trust_remote_code: bool = field(default=False, metadata=_arg(
+        "accepted for compatibility: the supported architectures are built in, no remote code is ever run"))
+    skip_server_warmup: bool = field(default=False, metadata=_arg(
+        "accepted for compatibility: the server does no warm-up request"))
+    disable_cuda_graph: bool = field(default=False, metadata=_arg("do not capture decode CUDA graphs"))
+    cuda_graph_max_bs: int | None = field(default=None, metadata=_arg(
+        "largest decode batch captured in a CUDA graph (GPU only; accepted and ignored on CPU)"))
+    cuda_graph_bs: tuple[str, ...] | None = field(default=None, metadata=_arg(
+        "decode batch sizes captured in CUDA graphs (GPU only; accepted and ignored on CPU)"))
+    mm_attention_backend: str | None = field(default=None, metadata=_arg(
+        "vision-tower attention: sdpa (torch scaled_dot_product_attention, the only one built in)"))
+    dp_size: int = field(default=1, metadata=_arg("data-parallel replicas: only 1 (run more servers behind a router)"))
+    quantization: str | None = field(default=None, metadata=_arg("weight quantization: none is supported"))
+    kv_cache_dtype: str = field(default="auto", metadata=_arg("KV cache dtype: auto (the model dtype) only"))
+    revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
 
     def __post_init__(self):
         problems = []
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
+        if self.limit_mm_data_per_request is not None:
+            try:
+                object.__setattr__(self, "limit_mm_per_prompt", parse_image_limit(self.limit_mm_data_per_request))
+            except ValueError as e:
+                problems.append(f"--limit-mm-data-per-request: {e}")
+        if self.cuda_graph_bs is not None:
+            try:
+                object.__setattr__(self, "cuda_graph_bs", tuple(int(b) for b in self.cuda_graph_bs))
+            except ValueError:
+                problems.append(f"--cuda-graph-bs takes integers, got {list(self.cuda_graph_bs)}")
+        if self.dp_size != 1:
+            problems.append(f"--dp-size {self.dp_size}: data parallelism is not supported; run {self.dp_size} "
+                            "servers behind a router (use --tp-size to spread one model over GPUs)")
+        if self.quantization not in (None, "", "none"):
+            problems.append(f"--quantization {self.quantization}: quantized weights are not supported")
+        if self.kv_cache_dtype not in ("auto", self.dtype):
+            problems.append(f"--kv-cache-dtype {self.kv_cache_dtype}: only auto (the model dtype) is supported")
+        if self.mm_attention_backend not in (None, "sdpa"):
+            problems.append(f"--mm-attention-backend {self.mm_attention_backend}: only sdpa is built in")
         if self.tp_size < 1:
             problems.append("--tp-size must be >= 1")
         if self.page_size < 1:
@@ -114,7 +193,9 @@ class ServerArgs:
 
     def resolved_model_path(self) -> str:
         if self.model_path:
-            return self.model_path
+            from sglang.srt.model_loader.model_path import resolve_model_path
+
+            return resolve_model_path(self.model_path, self.revision)
         from sglang.testing.make_model import ensure_model
 
         return str(ensure_model("qwen3-vl-tiny"))
@@ -132,6 +213,9 @@ class ServerArgs:
                 parser.add_argument(flag, action="store_true", default=f.default, **kwargs)
                 continue
             base = _base_type(typ)
+            if meta.get("parse") is not None:
+                parser.add_argument(flag, type=_named(meta["parse"], flag), default=f.default, **kwargs)
+                continue
             if get_origin(base) is tuple:  # a list of words: space- or comma-separated
                 parser.add_argument(flag, nargs="+", type=str, default=f.default, **kwargs)
                 continue
@@ -158,6 +242,37 @@ class ServerArgs:
             return cls.from_cli_args(args)
         except ValueError as e:
             parser.error(str(e))
+
+
+def _named(parse, flag: str):
+    """argparse shows the callable's name in errors: make it the flag's."""
+
+    def convert(raw: str):
+        try:
+            return parse(raw)
+        except (ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(f"{raw!r}: {e}") from None
+
+    convert.__name__ = flag
+    return convert
+
+
+def log_ignored_flags(args: "ServerArgs", device: str) -> list[str]:
+    """One info line per accepted-but-inert flag, so a user sees what did not take effect."""
+    lines = []
+    if device != "cuda" and (args.cuda_graph_max_bs or args.cuda_graph_bs or args.disable_cuda_graph):
+        lines.append("CUDA graphs: --cuda-graph-max-bs / --cuda-graph-bs / --disable-cuda-graph have no effect on CPU")
+    elif device == "cuda" and not args.disable_cuda_graph:
+        lines.append("CUDA graphs for decode are not built yet: decode runs eagerly")
+    for flag, on in (("--enable-multimodal", args.enable_multimodal), ("--trust-remote-code", args.trust_remote_code),
+                     ("--skip-server-warmup", args.skip_server_warmup)):
+        if on:
+            lines.append(f"{flag}: accepted for compatibility, nothing to change here")
+    import logging
+
+    for line in lines:
+        logging.getLogger(__name__).info(line)
+    return lines
 
 
 def _base_type(typ):

@@ -102,6 +102,7 @@ class ServerProcess:
 
     def __init__(self, model_dir: Path, workdir: Path, extra_args: list[str], cmd_prefix: list[str] | None = None):
         self.port = free_port()
+        self.model_dir = model_dir
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmpdir = workdir / "tmp"
         self.tmpdir.mkdir(parents=True, exist_ok=True)

@@ -78,6 +78,9 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
 
     # Resolve once here, so children never each generate the embedded default model.
     server_args = dataclasses.replace(server_args, model_path=server_args.resolved_model_path())
+    from sglang.srt.server_args import log_ignored_flags
+
+    log_ignored_flags(server_args, server_args.resolved_device())
     if server_args.mm_feature_transport == "shm":
         from sglang.srt.multimodal.transport.shm import cleanup_stale_segments
 

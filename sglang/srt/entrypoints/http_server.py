@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_chat import (
@@ -87,6 +88,9 @@ def create_app(
     app = FastAPI(lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=int(server_args.max_request_body_mb * 2**20),
                        on_refuse=lambda msg: error_response(GenerateError(msg, 413, "request_too_large")))
+    if server_args.api_key:  # added last: it runs first, before the body is read
+        app.add_middleware(ApiKeyAuth, api_key=server_args.api_key,
+                           on_refuse=lambda msg: error_response(GenerateError(msg, 401, "authentication_error")))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:

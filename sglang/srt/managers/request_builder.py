@@ -73,6 +73,8 @@ class RequestBuilder:
         self.server_args = server_args
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(server_args.tokenizer_path or model_path)
+        if server_args.chat_template:
+            self.tokenizer.chat_template = load_chat_template(server_args.chat_template)
         with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
             self.hf_config: dict[str, Any] = json.load(f)
         text_cfg = self.hf_config.get("text_config") or self.hf_config
@@ -266,6 +268,21 @@ class RequestBuilder:
 
     def _fetch_if_url(self, src: Any) -> Any:
         return self.fetcher(src) if is_http_url(src) else src
+
+
+def load_chat_template(path: str) -> str:
+    """--chat-template: a Jinja file replacing the tokenizer's template (checked at start-up)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--chat-template {path!r}: no such file (give a Jinja chat template file)")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"--chat-template {path!r}: not a valid Jinja template: {e}") from None
+    return text
 
 
 def use_shm_transport(server_args: ServerArgs) -> bool:

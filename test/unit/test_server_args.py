@@ -1,0 +1,97 @@
+"""Upstream launch flags: accepted with upstream's names and meanings; values the engine cannot honour
+stop start-up with one line naming the flag; size suffixes, dtype aliases and the JSON image limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from sglang.srt.server_args import ServerArgs, log_ignored_flags, parse_image_limit, parse_token_count
+
+
+def test_upstream_launch_command_parses():
+    a = ServerArgs.from_argv(["--model-path", "/m", "--tp-size", "4", "--enable-multimodal", "--trust-remote-code",
+                              "--skip-server-warmup", "--cuda-graph-max-bs", "32", "--disable-cuda-graph",
+                              "--mm-attention-backend", "sdpa", "--dp-size", "1", "--kv-cache-dtype", "auto",
+                              "--api-key", "k", "--chat-template", "/t.jinja"])
+    assert a.tp_size == 4 and a.enable_multimodal and a.trust_remote_code and a.cuda_graph_max_bs == 32
+    assert a.api_key == "k" and a.chat_template == "/t.jinja" and a.mm_attention_backend == "sdpa"
+
+
+@pytest.mark.parametrize("raw, value", [("4096", 4096), ("128k", 128_000), ("128K", 131_072), ("1.5M", 1_572_864)])
+def test_token_counts_take_size_suffixes(raw, value):
+    assert parse_token_count(raw) == value
+    assert ServerArgs.from_argv(["--context-length", raw]).context_length == value
+
+
+def test_dtype_aliases_and_image_limit_forms():
+    assert ServerArgs.from_argv(["--dtype", "half"]).dtype == "float16"
+    assert ServerArgs.from_argv(["--dtype", "float"]).dtype == "float32"
+    assert ServerArgs.from_argv(["--limit-mm-per-prompt", '{"image": 7}']).limit_mm_per_prompt == 7
+    assert ServerArgs.from_argv(["--limit-mm-data-per-request", json.dumps({"image": 3})]).limit_mm_per_prompt == 3
+    assert parse_image_limit("5") == 5 and parse_image_limit('{"image": 2, "video": 0}') == 2
+    with pytest.raises(ValueError, match="video"):
+        parse_image_limit('{"image": 2, "video": 1}')
+
+
+@pytest.mark.parametrize("argv, phrase", [
+    (["--dp-size", "2"], "--dp-size 2: data parallelism is not supported"),
+    (["--quantization", "fp8"], "--quantization fp8"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2"),
+    (["--mm-attention-backend", "fa3"], "--mm-attention-backend fa3: only sdpa"),
+    (["--cuda-graph-bs", "1", "x"], "--cuda-graph-bs takes integers"),
+])
+def test_unsupported_values_stop_with_one_clear_line(argv, phrase, capsys):
+    with pytest.raises(SystemExit) as e:
+        ServerArgs.from_argv(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert phrase in err and "unrecognized" not in err
+
+
+def test_inert_flags_are_reported_once_each():
+    a = ServerArgs.from_argv(["--cuda-graph-max-bs", "8", "--enable-multimodal"])
+    lines = log_ignored_flags(a, "cpu")
+    assert any("no effect on CPU" in x for x in lines) and any("--enable-multimodal" in x for x in lines)
+    assert log_ignored_flags(ServerArgs(), "cpu") == []
+
+
+def test_hub_id_not_in_cache_names_id_and_cache(tmp_path, monkeypatch):
+    from sglang.srt.model_loader.model_path import ModelPathError, resolve_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelPathError, match="Qwen/Not-A-Real-Model.*local Hugging Face cache"):
+        resolve_model_path("Qwen/Not-A-Real-Model")
+    with pytest.raises(ModelPathError, match="not a directory"):
+        resolve_model_path(str(tmp_path / "missing" / "dir" / "x"))
+    assert resolve_model_path(str(tmp_path)) == str(tmp_path)
+
+
+def test_api_key_guards_every_route_but_health_and_metrics():
+    from sglang.srt.entrypoints.auth import ApiKeyAuth
+
+    class Resp:
+        def __init__(self, msg):
+            self.msg = msg
+
+        async def __call__(self, scope, receive, send):
+            await send({"type": "http.response.start", "status": 401})
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200})
+
+    def status(path, auth=None):
+        sent = []
+
+        async def send(m):
+            sent.append(m)
+
+        headers = [(b"authorization", auth.encode())] if auth else []
+        asyncio.run(ApiKeyAuth(app, "sekret", Resp)({"type": "http", "path": path, "headers": headers}, None, send))
+        return sent[0]["status"]
+
+    assert status("/health") == 200 and status("/metrics") == 200
+    assert status("/v1/chat/completions") == 401 and status("/generate", "Bearer wrong") == 401
+    assert status("/generate", "Bearer sekret") == 200 and status("/get_server_info", "Bearer sekret") == 200
