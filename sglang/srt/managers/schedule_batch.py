@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang.srt.managers.io_struct import FinishReason
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, compute_positions
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, build_forward_batch, compute_positions
 from sglang.srt.multimodal.mm_types import MultimodalInputs
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -50,9 +50,6 @@ class Req:
         self.admitted = False
         self.extend_len = 0  # tokens this step prefills
         self.sent_len = 0  # output tokens already sent to the detokenizer
-        self.generator: torch.Generator | None = (
-            torch.Generator().manual_seed(sampling_params.seed) if sampling_params.seed is not None else None
-        )
         self.tp_broadcast_ms = 0.0
         self.upstream_stages: frozenset[str] = frozenset()  # stage timings measured before the scheduler
 
@@ -104,7 +101,7 @@ class ScheduleBatch:
     def is_empty(self) -> bool:
         return not self.reqs
 
-    def to_forward_batch(self, req_to_token: torch.Tensor, device, stage_timer_on: bool = False) -> ForwardBatch:
+    def to_forward_batch(self, device, stage_timer_on: bool = False) -> ForwardBatch:
         ids: list[int] = []
         pos: list[torch.Tensor] = []
         seq_lens: list[int] = []
@@ -119,16 +116,9 @@ class ScheduleBatch:
                 ids.append(r.output_ids[-1])
                 pos.append(r.positions(n - 1, n))
                 seq_lens.append(n)
-        return ForwardBatch(
-            forward_mode=self.mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-            positions=torch.cat(pos, dim=1).to(device),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in self.reqs], device=device),
-            seq_lens=torch.tensor(seq_lens, device=device),
-            out_cache_loc=self.out_cache_loc.to(device),
-            seq_lens_cpu=seq_lens,
-            extend_seq_lens_cpu=list(self.extend_lens),
-            extend_prefix_lens_cpu=list(self.prefix_lens),
+        return build_forward_batch(
+            self.mode, ids, torch.cat(pos, dim=1), [r.req_pool_idx for r in self.reqs], seq_lens,
+            self.out_cache_loc, device, self.extend_lens, self.prefix_lens,
             mm_inputs=[r.mm_inputs for r in self.reqs] if self.mode.is_extend() else [],
             rids=[r.rid for r in self.reqs],
             stage_timings=[r.stage_timings_ms for r in self.reqs] if stage_timer_on else None,

@@ -37,15 +37,17 @@ class TpModelWorker:
         """Runs the batch; returns one sampled token per request (meaningful only for requests
         whose prompt is complete after this step) and the stage timer's batch totals."""
         runner = self.model_runner
-        fb = batch.to_forward_batch(runner.req_to_token_pool.req_to_token, runner.device, stage_timer_on)
+        fb = batch.to_forward_batch(runner.device, stage_timer_on)
         out = runner.forward(fb)
         info = SamplingBatchInfo.from_params(
             [r.sampling_params for r in batch.reqs],
-            [r.generator for r in batch.reqs],
+            [r.sampling_params.seed for r in batch.reqs],
             self.vocab_size,
             runner.device,
+            steps=[len(r.output_ids) for r in batch.reqs],
+            rng=self.sampler.rng,
         )
-        tokens = self.sampler(out.next_token_logits, info).tolist()  # .tolist() syncs the device
+        tokens = self.sampler(out.next_token_logits, info).tolist()  # the step's one device-to-host copy
         return tokens, fb.stage_totals or {}
 
     # ------------------------------------------------------------------ multimodal embedding state

@@ -26,15 +26,25 @@ class ForwardMode(IntEnum):
 
 @dataclass
 class ForwardBatch:
+    """Built once per step by `build_forward_batch`: every device tensor below is a view into one
+    buffer copied from the host in a single (pinned, non-blocking on CUDA) transfer, and every length
+    the forward needs is also here as a host int, so nothing inside the model reads a device value."""
+
     forward_mode: ForwardMode
     input_ids: torch.Tensor  # (T,) flattened over requests; image tokens keep the image token id
-    positions: torch.Tensor  # (3, T) M-RoPE positions, or (T,) for text-only models
+    positions: torch.Tensor  # (3, T) M-RoPE positions (text tokens: the same value on all three rows)
     req_pool_indices: torch.Tensor  # (B,)
     seq_lens: torch.Tensor  # (B,) total tokens per request after this step
     out_cache_loc: torch.Tensor  # (T,) KV slots the new tokens are written to
     seq_lens_cpu: list[int]
     extend_seq_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
     extend_prefix_lens_cpu: list[int] = field(default_factory=list)  # EXTEND only
+    req_pool_indices_cpu: list[int] = field(default_factory=list)
+    qo_indptr: torch.Tensor | None = None  # (B+1,) start of each request's new tokens in the flat batch
+    kv_indptr: torch.Tensor | None = None  # (B+1,) cumulative seq_lens
+    last_indices: torch.Tensor | None = None  # (B,) flat index of each request's last new token
+    max_seq_len: int = 0
+    max_extend_len: int = 0
     mm_inputs: list["MultimodalInputs | None"] = field(default_factory=list)
     rids: list[str] = field(default_factory=list)  # one per request: keys the embedder's pending rows
     req_to_token_pool: Any = None
@@ -50,7 +60,13 @@ class ForwardBatch:
     def batch_size(self) -> int:
         return len(self.seq_lens_cpu)
 
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
     def last_token_indices(self) -> torch.Tensor:
+        if self.last_indices is not None:
+            return self.last_indices
         if self.forward_mode.is_decode():
             return torch.arange(self.batch_size, device=self.input_ids.device)
         lens = torch.tensor(self.extend_seq_lens_cpu, device=self.input_ids.device)
@@ -62,6 +78,68 @@ class ForwardBatch:
             starts.append(acc)
             acc += n
         return starts
+
+
+def _cumsum0(xs: list[int]) -> list[int]:
+    out, acc = [0], 0
+    for x in xs:
+        acc += x
+        out.append(acc)
+    return out
+
+
+def build_forward_batch(
+    mode: ForwardMode,
+    input_ids: list[int],
+    positions: torch.Tensor,
+    req_pool_indices: list[int],
+    seq_lens: list[int],
+    out_cache_loc: torch.Tensor,
+    device: torch.device | str,
+    extend_lens: list[int] | None = None,
+    prefix_lens: list[int] | None = None,
+    **fields,
+) -> ForwardBatch:
+    """The one place a ForwardBatch is made (scheduler and static runner alike). `positions` (3, T)
+    and `out_cache_loc` (T,) are host tensors; all per-step metadata is packed into one int64 host
+    buffer and moved with one copy (pinned and non-blocking when the device is CUDA)."""
+    device = torch.device(device)
+    b, t = len(seq_lens), len(input_ids)
+    q_lens = list(extend_lens) if mode.is_extend() else [1] * b
+    qo_indptr = _cumsum0(q_lens)
+    parts = [
+        torch.as_tensor(input_ids, dtype=torch.int64),
+        positions.to(torch.int64).reshape(-1),
+        torch.as_tensor(req_pool_indices, dtype=torch.int64),
+        torch.as_tensor(seq_lens, dtype=torch.int64),
+        out_cache_loc.to(torch.int64).reshape(-1),
+        torch.as_tensor(qo_indptr, dtype=torch.int64),
+        torch.as_tensor(_cumsum0(seq_lens), dtype=torch.int64),
+        torch.as_tensor([x - 1 for x in qo_indptr[1:]], dtype=torch.int64),
+    ]
+    host = torch.cat(parts)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    dev = host.to(device, non_blocking=True)
+    views = dev.split([p.numel() for p in parts])
+    return ForwardBatch(
+        forward_mode=mode,
+        input_ids=views[0],
+        positions=views[1].view(3, t),
+        req_pool_indices=views[2],
+        seq_lens=views[3],
+        out_cache_loc=views[4],
+        qo_indptr=views[5],
+        kv_indptr=views[6],
+        last_indices=views[7],
+        seq_lens_cpu=list(seq_lens),
+        extend_seq_lens_cpu=list(extend_lens or []),
+        extend_prefix_lens_cpu=list(prefix_lens or []),
+        req_pool_indices_cpu=list(req_pool_indices),
+        max_seq_len=max(seq_lens, default=0),
+        max_extend_len=max(q_lens, default=0),
+        **fields,
+    )
 
 
 def compute_positions(mm_inputs, prompt_len: int, start: int, end: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, compute_positions
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, build_forward_batch, compute_positions
 
 
 _seq_ids = itertools.count()
@@ -83,17 +83,19 @@ class StaticBatchRunner:
         return logits, ([torch.cat(f) for f in full] if return_all_logits else None)
 
     def decode(self, seqs: list[StaticSeq], tokens: list[int]) -> torch.Tensor:
+        return self.runner.forward(self.decode_batch(seqs, tokens)).next_token_logits
+
+    def decode_batch(self, seqs: list[StaticSeq], tokens: list[int]) -> ForwardBatch:
+        """Appends each token's KV slot and returns the decode step's batch (not yet run)."""
         ids, pos, locs, seq_lens = [], [], [], []
         for s, t in zip(seqs, tokens):
             locs.append(self._alloc(s, 1))
             ids.append(t)
             pos.append(s.positions(s.kv_len, s.kv_len + 1))
             seq_lens.append(s.kv_len + 1)
-        fb = self._batch(ForwardMode.DECODE, seqs, ids, pos, locs, seq_lens)
-        out = self.runner.forward(fb)
         for s in seqs:
             s.kv_len += 1
-        return out.next_token_logits
+        return self._batch(ForwardMode.DECODE, seqs, ids, pos, locs, seq_lens)
 
     def generate_greedy(self, seqs: list[StaticSeq], max_new_tokens: int, chunk_size: int | None = None,
                         stop_ids: tuple[int, ...] = ()) -> list[list[int]]:
@@ -123,17 +125,9 @@ class StaticBatchRunner:
             self.runner.mm_embedder.release(s.rid)
 
     def _batch(self, mode, seqs, ids, pos, locs, seq_lens, ext=None, pre=None) -> ForwardBatch:
-        device = self.runner.device
-        return ForwardBatch(
-            forward_mode=mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-            positions=torch.cat(pos, dim=1).to(device),
-            req_pool_indices=torch.tensor([s.req_pool_idx for s in seqs], device=device),
-            seq_lens=torch.tensor(seq_lens, device=device),
-            out_cache_loc=torch.cat(locs).to(device),
-            seq_lens_cpu=seq_lens,
-            extend_seq_lens_cpu=ext or [],
-            extend_prefix_lens_cpu=pre or [],
+        return build_forward_batch(
+            mode, ids, torch.cat(pos, dim=1), [s.req_pool_idx for s in seqs], seq_lens, torch.cat(locs).cpu(),
+            self.runner.device, ext, pre,
             mm_inputs=[s.mm_inputs for s in seqs] if mode.is_extend() else [],
             rids=[s.rid for s in seqs],
         )

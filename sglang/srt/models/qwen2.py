@@ -12,7 +12,7 @@ from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.radix_attention import RadixAttention
-from sglang.srt.layers.rotary_embedding import MRotaryEmbedding
+from sglang.srt.layers.rotary_embedding import MRotaryEmbedding, apply_rotary
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 
@@ -47,20 +47,20 @@ class Qwen2Attention(nn.Module):
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
-        self.rotary_emb = rotary
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id)
 
     def qk_norm(self, q: torch.Tensor, k: torch.Tensor):
         return q, k
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+        """rope: this step's (cos, sin), computed once for all layers."""
         t = hidden_states.shape[0]
         q, k, v = self.qkv_proj.split_qkv(self.qkv_proj(hidden_states))
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         q, k = self.qk_norm(q, k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         return self.o_proj(self.attn(q, k, v, forward_batch))
 
 
@@ -74,13 +74,13 @@ class Qwen2DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
-    def forward(self, positions, hidden_states, residual, forward_batch):
+    def forward(self, rope, hidden_states, residual, forward_batch):
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, forward_batch)
+        hidden_states = self.self_attn(rope, hidden_states, forward_batch)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
@@ -94,6 +94,7 @@ class Qwen2Model(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, dtype)
         # One rotary module shared by all layers (it holds only the inverse frequencies).
         rotary = MRotaryEmbedding(config.head_dim, config.rope_theta, config.mrope_section, config.mrope_interleaved)
+        self.rotary_emb = rotary
         self.layers = nn.ModuleList(
             [self.layer_cls(config, i, rotary, tp, dtype) for i in range(config.num_hidden_layers)]
         )
@@ -108,10 +109,11 @@ class Qwen2Model(nn.Module):
         deepstack_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        rope = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
         residual = None
         num_deepstack = 0 if deepstack_embeds is None else deepstack_embeds.shape[-1] // self.config.hidden_size
         for i, layer in enumerate(self.layers):
-            hidden_states, residual = layer(positions, hidden_states, residual, forward_batch)
+            hidden_states, residual = layer(rope, hidden_states, residual, forward_batch)
             if i < num_deepstack:
                 # Deepstack adds visual features to the layer's output stream; rows of text tokens are
                 # zero, so adding them everywhere equals adding at image positions only.

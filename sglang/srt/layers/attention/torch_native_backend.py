@@ -1,4 +1,9 @@
-"""Pure-torch attention over the token KV pool; runs on any device, one request at a time."""
+"""Pure-torch attention over the token KV pool: runs on any device and is the tests' reference.
+
+Decode attends the whole batch in one SDPA call over K/V gathered into a (B, max_seq_len) padded
+block; prefill runs one SDPA per request (its causal mask differs per request). Every index comes
+from the step's metadata: host ints for rows and lengths, device tensors for slots, so nothing here
+reads a device value back."""
 
 from __future__ import annotations
 
@@ -10,26 +15,18 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, regi
 
 @register_attention_backend("torch_native")
 class TorchNativeAttnBackend(AttentionBackend):
-    def _attend(self, q, layer, forward_batch, i: int, q_len: int) -> torch.Tensor:
-        """q: (q_len, H, D) for request i, whose queries are the last q_len of its seq_len tokens."""
-        seq_len = forward_batch.seq_lens_cpu[i]
-        slots = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices[i], :seq_len]
-        pool = forward_batch.token_to_kv_pool
-        k = pool.get_key_buffer(layer.layer_id)[slots].to(q.dtype)
-        v = pool.get_value_buffer(layer.layer_id)[slots].to(q.dtype)
-        mask = None
-        if q_len > 1:
-            # query j sits at absolute position seq_len - q_len + j and sees keys 0..that position
-            mask = torch.ones(q_len, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - q_len)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            k.transpose(0, 1),
-            v.transpose(0, 1),
-            attn_mask=mask,
-            scale=layer.scaling,
-            enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
-        )
-        return out.transpose(0, 1)
+    def __init__(self, **_):
+        self._decode_slots: torch.Tensor | None = None  # (B, L) KV slots, padded past each seq_len
+        self._decode_mask: torch.Tensor | None = None  # (B, 1, 1, L) True where a key exists
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        if not forward_batch.forward_mode.is_decode():
+            return
+        fb = forward_batch
+        length = fb.max_seq_len
+        self._decode_slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices, :length]
+        cols = torch.arange(length, device=fb.seq_lens.device)
+        self._decode_mask = (cols.unsqueeze(0) < fb.seq_lens.unsqueeze(1)).view(fb.batch_size, 1, 1, length)
 
     def _save(self, k, v, layer, forward_batch, save_kv_cache):
         if save_kv_cache:
@@ -37,15 +34,33 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         self._save(k, v, layer, forward_batch, save_kv_cache)
+        fb = forward_batch
+        pool = fb.token_to_kv_pool
+        k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
         out = torch.empty_like(q)
-        for i, (start, n) in enumerate(zip(forward_batch.extend_start_locs(), forward_batch.extend_seq_lens_cpu)):
-            if n:
-                out[start : start + n] = self._attend(q[start : start + n], layer, forward_batch, i, n)
+        starts = fb.extend_start_locs()
+        for row, start, n, seq_len in zip(fb.req_pool_indices_cpu, starts, fb.extend_seq_lens_cpu, fb.seq_lens_cpu):
+            if not n:
+                continue
+            slots = fb.req_to_token_pool.req_to_token[row, :seq_len]
+            keys, vals = k_buf[slots].to(q.dtype), v_buf[slots].to(q.dtype)
+            # query j sits at absolute position seq_len - n + j and sees keys 0..that position
+            mask = torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n) if n > 1 else None
+            o = F.scaled_dot_product_attention(
+                q[start : start + n].transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1),
+                attn_mask=mask, scale=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
+            )
+            out[start : start + n] = o.transpose(0, 1)
         return out
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         self._save(k, v, layer, forward_batch, save_kv_cache)
-        out = torch.empty_like(q)
-        for i in range(forward_batch.batch_size):
-            out[i : i + 1] = self._attend(q[i : i + 1], layer, forward_batch, i, 1)
-        return out
+        pool = forward_batch.token_to_kv_pool
+        slots = self._decode_slots
+        keys = pool.get_key_buffer(layer.layer_id)[slots].to(q.dtype)  # (B, L, Hk, D)
+        vals = pool.get_value_buffer(layer.layer_id)[slots].to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=self._decode_mask,
+            scale=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
+        )  # (B, Hq, 1, D)
+        return out.squeeze(2)

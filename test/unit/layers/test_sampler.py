@@ -1,0 +1,81 @@
+"""Batched device sampler: filters, greedy rows, seeded determinism independent of the batch, and
+draws that follow the filtered distribution."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sglang.srt.layers.sampler import Sampler, SamplingBatchInfo, hash_uniform
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+V = 50
+
+
+def info_for(params, seeds, steps, rng=None):
+    return SamplingBatchInfo.from_params(params, seeds, V, "cpu", steps, rng)
+
+
+def test_hash_uniform_is_a_function_of_seed_step_token_and_in_range():
+    seeds = torch.tensor([1, 1, 2, -5, 2**62])
+    steps = torch.tensor([0, 1, 0, 3, 7])
+    u = hash_uniform(seeds, steps, 1000)
+    assert u.shape == (5, 1000) and float(u.min()) > 0.0 and float(u.max()) < 1.0
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    assert torch.equal(hash_uniform(seeds[[3, 0]], steps[[3, 0]], 1000), u[[3, 0]])
+    # roughly uniform: mean 0.5, each decile near 10%
+    big = hash_uniform(torch.arange(64), torch.zeros(64, dtype=torch.int64), 4096).flatten()
+    assert abs(float(big.mean()) - 0.5) < 0.01
+    counts = torch.histc(big, bins=10, min=0, max=1) / big.numel()
+    assert float((counts - 0.1).abs().max()) < 0.01
+
+
+def test_greedy_rows_take_the_argmax_even_beside_sampled_rows():
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.5), SamplingParams(top_k=1)]
+    out = Sampler(0)(logits, info_for(params, [None, 3, None], [0, 0, 0]))
+    assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
+
+
+def test_seeded_row_does_not_depend_on_its_neighbours():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, V, generator=g)
+    p = SamplingParams(temperature=1.0, top_p=0.95)
+    alone = Sampler(0)(logits[2:3], info_for([p], [1234], [9]))
+    batched = Sampler(99)(logits, info_for([p] * 4, [None, 7, 1234, None], [0, 1, 9, 3], random.Random(5)))
+    assert int(alone[0]) == int(batched[2])
+
+
+@pytest.mark.parametrize("kw,allowed", [({"top_k": 3}, 3), ({"top_p": 0.5}, None), ({"min_p": 0.2}, None)])
+def test_filters_never_draw_outside_the_kept_set(kw, allowed):
+    logits = torch.linspace(4, -4, V).unsqueeze(0)  # token 0 most likely, strictly decreasing
+    probs = torch.softmax(logits, -1)[0]
+    if allowed is None:
+        if "top_p" in kw:
+            allowed = int(((probs.cumsum(0) - probs) < kw["top_p"]).sum())
+        else:
+            allowed = int((probs >= probs[0] * kw["min_p"]).sum())
+    p = SamplingParams(temperature=1.0, **kw)
+    draws = {int(Sampler(0)(logits, info_for([p], [s], [0]))[0]) for s in range(300)}
+    assert draws <= set(range(allowed)) and len(draws) > 1
+
+
+def test_draws_follow_the_distribution():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (V - 4)]))
+    p = SamplingParams(temperature=1.0)
+    n = 4000
+    info = info_for([p] * n, list(range(n)), [0] * n)
+    out = Sampler(0)(logits.expand(n, V).contiguous(), info)
+    freq = torch.bincount(out, minlength=V)[:4].float() / n
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03), freq
+
+
+def test_unseeded_rows_follow_the_sampler_seed():
+    logits = torch.zeros(8, V)
+    p = [SamplingParams(temperature=1.0)] * 8
+    a = Sampler(0)(logits, info_for(p, [None] * 8, [0] * 8, random.Random(11)))
+    b = Sampler(0)(logits, info_for(p, [None] * 8, [0] * 8, random.Random(11)))
+    c = Sampler(0)(logits, info_for(p, [None] * 8, [0] * 8, random.Random(12)))
+    assert torch.equal(a, b) and not torch.equal(a, c)
