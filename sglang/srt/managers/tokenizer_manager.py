@@ -255,7 +255,7 @@ class TokenizerManager:
                         yield out
         finally:
             if self.rid_to_state.get(rid) is state:  # left early: client gone or cancelled
-                self.abort_request(rid)
+                self._forget_and_abort(rid)
 
     def _meta(self, state: _ReqState) -> dict[str, Any]:
         meta = {"id": state.rid, **state.meta_info}
@@ -276,21 +276,36 @@ class TokenizerManager:
 
     def _final_output(self, state: _ReqState) -> dict[str, Any]:
         fr = state.finished_reason
-        if fr.type == "abort":
-            status = fr.status_code or 500
+        # An abort with a status is an error (bad input, engine failure); one without is a request
+        # ended on purpose (`abort_request`): its output so far, with finish reason "abort".
+        if fr.type == "abort" and fr.status_code is not None:
+            status = fr.status_code
             raise GenerateError(fr.message or "request aborted", status, "invalid_request_error" if status < 500 else "server_error")
         text = state.text
         if fr.type == "stop" and isinstance(fr.matched, str) and fr.matched and fr.matched in text:
             text = text[: text.find(fr.matched)]
         return {"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
 
-    def abort_request(self, rid: str) -> None:
-        """Forget `rid` and tell the scheduler to drop it (frees its KV slots). Never blocks."""
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
+        """Ends running requests on purpose (`/abort_request`): `rid`, or every request with
+        `abort_all`. The scheduler drops them (freeing their KV slots) and reports them finished with
+        reason "abort", which their callers receive as their last output. Unknown ids are ignored.
+        Returns how many requests were asked to stop."""
+        rids = list(self.rid_to_state) if abort_all else [rid] if rid in self.rid_to_state else []
+        for r in rids:
+            self._send_abort(r, "aborted by an abort_request")
+        return len(rids)
+
+    def _forget_and_abort(self, rid: str) -> None:
+        """Forget `rid` (its caller is gone) and tell the scheduler to drop it. Never blocks."""
         self.rid_to_state.pop(rid, None)
+        self._send_abort(rid, "aborted by client")
+
+    def _send_abort(self, rid: str, reason: str) -> None:
         if self._send_sock is None or self._closing or not self.healthy:
             return
         # Not awaited: this runs from cancelled tasks, where another await would be cancelled too.
-        self._send_sock.send_pyobj(AbortReq(rid=rid)).add_done_callback(_log_send_failure)
+        self._send_sock.send_pyobj(AbortReq(rid=rid, reason=reason)).add_done_callback(_log_send_failure)
 
     # ------------------------------------------------------------------ receive
     async def _handle_loop(self) -> None:
