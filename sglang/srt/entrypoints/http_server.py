@@ -1,7 +1,9 @@
 """The HTTP server: FastAPI app over one TokenizerManager, served by uvicorn.
 
-Endpoints: /health, /v1/models, /get_model_info, /get_server_info, /flush_cache, native /generate and
-/v1/chat/completions. Errors are OpenAI-style JSON `{"error": {"message", "type", "code"}}`.
+Endpoints, on upstream SGLang's paths: /health, /health_generate, /metrics (--enable-metrics),
+/v1/models, /v1/models/{model}, /model_info (also /get_model_info), /server_info (also
+/get_server_info), /flush_cache, /abort_request, native /generate, /v1/chat/completions and
+/v1/completions. Errors are OpenAI-style JSON `{"error": {"message", "type", "code"}}`.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from contextlib import asynccontextmanager
 from multiprocessing.process import BaseProcess
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -22,15 +25,18 @@ from fastapi.responses import Response, StreamingResponse
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
-from sglang.srt.entrypoints.openai.serving_chat import (
-    SSE_DONE,
-    OpenAIServingChat,
+from sglang.srt.entrypoints.openai.serving_base import (
+    CLIENT_CLOSED_REQUEST,
     collect_until_disconnect,
+    drain,
     error_response,
+    gather_finals,
     json_response,
     parse_json_body,
-    sse,
+    sse_stream,
 )
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import GenerateError, ServerUnhealthyError, TokenizerManager
 from sglang.srt.server_args import ServerArgs
@@ -42,6 +48,8 @@ EXIT_GRACE_S = 1.0
 # SIGTERM/SIGINT: requests in flight get this long to finish; those still running then answer 503
 # ("shutting down") just before the HTTP server would cancel them (which would be a 500).
 SHUTDOWN_GRACE_S = 5.0
+# /health_generate: the one-token probe must finish within this, or the server answers 503.
+HEALTH_GENERATE_TIMEOUT_S = 20.0
 
 
 def _draining_server_class():
@@ -76,6 +84,7 @@ def create_app(
     tm = tokenizer_manager
     model_name = server_args.served_model_name or tm.model_path
     chat = OpenAIServingChat(tm, model_name)
+    completion = OpenAIServingCompletion(tm, model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -109,11 +118,38 @@ def create_app(
         async def metrics() -> Response:
             return Response(await tm.render_metrics(), media_type="text/plain; version=0.0.4")
 
+    def model_card() -> ModelCard:
+        return ModelCard(id=model_name, root=tm.model_path, max_model_len=tm.context_length)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        """200 once a one-token generation went through the whole pipeline; 503 otherwise."""
+        obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                               rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
+        try:
+            # On timeout the probe is cancelled, and a cancelled generation aborts its request.
+            out = await asyncio.wait_for(drain(tm.generate_request(obj)), HEALTH_GENERATE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return error_response(ServerUnhealthyError(
+                f"health check: a one-token generation did not finish within {HEALTH_GENERATE_TIMEOUT_S:g} s"))
+        except GenerateError as e:
+            return error_response(ServerUnhealthyError(f"health check: a one-token generation failed: {e.message}"))
+        if out is None or out["meta_info"]["finish_reason"]["type"] == "abort":
+            return error_response(ServerUnhealthyError("health check: the one-token generation was aborted"))
+        return json_response({"status": "ok"})
+
     @app.get("/v1/models")
     async def models() -> Response:
-        card = ModelCard(id=model_name, root=tm.model_path, max_model_len=tm.context_length)
-        return json_response(ModelList(data=[card]).model_dump())
+        return json_response(ModelList(data=[model_card()]).model_dump())
 
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> Response:
+        if model != model_name:
+            return error_response(GenerateError(f"the model {model!r} does not exist; this server serves "
+                                                f"{model_name!r}", 404, "invalid_request_error"))
+        return json_response(model_card().model_dump())
+
+    @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info() -> Response:
         return json_response({
@@ -127,6 +163,7 @@ def create_app(
             "context_length": tm.context_length,
         })
 
+    @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info() -> Response:
         try:
@@ -155,16 +192,33 @@ def create_app(
             return error_response(e)
         streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
         if objs[0].stream:
-            return StreamingResponse(_native_sse(streams[0]), media_type="text/event-stream")
+            return StreamingResponse(sse_stream(streams[0]), media_type="text/event-stream")
         try:
-            out = await collect_until_disconnect(request, _gather_finals(streams) if batch else streams[0])
+            out = await collect_until_disconnect(request, gather_finals(streams) if batch else streams[0])
         except GenerateError as e:
             return error_response(e)
-        return Response(status_code=499) if out is None else json_response(out)
+        return Response(status_code=CLIENT_CLOSED_REQUEST) if out is None else json_response(out)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        """Ends a running request (`rid`) or all of them (`abort_all`); their callers get finish
+        reason "abort". Unknown ids are not an error: the request may have just finished."""
+        try:
+            data = parse_json_body(await request.body())
+            rid, abort_all = data.get("rid", ""), data.get("abort_all", False)
+            if not isinstance(rid, str) or not isinstance(abort_all, bool) or not (rid or abort_all):
+                raise GenerateError("give 'rid' (a request id string) or 'abort_all': true")
+        except GenerateError as e:
+            return error_response(e)
+        return json_response({"success": True, "num_aborted": tm.abort_request(rid, abort_all)})
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await chat.create_chat_completion(request)
+        return await chat.handle_request(request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await completion.handle_request(request)
 
     return app
 
@@ -210,32 +264,6 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             created_time=created,
         ))
     return objs, batch
-
-
-async def _gather_finals(streams: list[AsyncIterator[dict]]) -> AsyncIterator[list[dict]]:
-    async def last(s: AsyncIterator[dict]) -> dict:
-        out = None
-        async for out in s:
-            pass
-        return out
-
-    tasks = [asyncio.ensure_future(last(s)) for s in streams]
-    try:
-        yield list(await asyncio.gather(*tasks))
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-async def _native_sse(outputs: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-    try:
-        async for out in outputs:
-            yield sse(out)
-    except GenerateError as e:
-        yield sse({"error": {"message": e.message, "type": e.err_type, "code": e.status_code}})
-    finally:
-        await outputs.aclose()
-    yield SSE_DONE
 
 
 # ----------------------------------------------------------------------------- process entry

@@ -1,6 +1,6 @@
-"""OpenAI chat-completions wire types (pydantic). Requests tolerate unknown fields, as OpenAI clients
-send many; fields we cannot honour are refused by `ChatCompletionRequest.unsupported()` instead of
-being silently ignored."""
+"""OpenAI wire types (pydantic): chat completions, completions, models, errors. Requests tolerate
+unknown fields, as OpenAI clients send many; fields we cannot honour are refused by the request's
+`unsupported()` instead of being silently ignored."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import uuid
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+# "abort": the request was ended by /abort_request
+FinishReasonStr = Literal["stop", "length", "abort"]
 
 
 class _Tolerant(BaseModel):
@@ -89,6 +93,60 @@ class ChatCompletionRequest(_Tolerant):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+class CompletionRequest(_Tolerant):
+    model: str | None = None
+    # one prompt: text or token ids (a list of prompts is refused by `unsupported()`)
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default; null: up to the context length
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    best_of: int | None = None
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # SGLang extensions
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stop_token_ids: list[int] | None = None
+    rid: str | None = None
+
+    def unsupported(self) -> str | None:
+        """A message naming the first requested feature this server does not implement, if any.
+        Every parameter accepted but not honoured is refused here, and only here."""
+        if self.n != 1:
+            return f"n={self.n} is not supported: only n=1"
+        if self.best_of is not None and self.best_of != 1:
+            return f"best_of={self.best_of} is not supported: only best_of=1"
+        if self.logprobs is not None:
+            return "logprobs are not supported"
+        if self.echo:
+            return "echo is not supported"
+        if self.suffix:
+            return "suffix is not supported"
+        if self.logit_bias:
+            return "logit_bias is not supported"
+        if self.frequency_penalty or self.presence_penalty:
+            return "frequency_penalty and presence_penalty are not supported (leave them at 0)"
+        if self.is_batch():
+            return "a list of prompts is not supported: send one prompt (a string or a list of token ids) per request"
+        return None
+
+    def is_batch(self) -> bool:
+        p = self.prompt
+        return isinstance(p, list) and bool(p) and isinstance(p[0], (str, list))
+
+
 # ----------------------------------------------------------------------------- response
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
@@ -109,7 +167,7 @@ class AssistantMessage(BaseModel):
 class ChatCompletionChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReasonStr | None = None
     matched_stop: int | str | None = None
 
 
@@ -134,7 +192,7 @@ class DeltaMessage(BaseModel):
 class ChatCompletionStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReasonStr | None = None
     matched_stop: int | str | None = None
 
 
@@ -144,6 +202,32 @@ class ChatCompletionStreamResponse(BaseModel):
     created: int
     model: str
     choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReasonStr | None = None
+    matched_stop: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+
+
+class CompletionStreamResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
     usage: UsageInfo | None = None
 
 

@@ -1,0 +1,224 @@
+"""What every HTTP handler shares: JSON and error bodies, SSE framing, draining a generation, and
+`OpenAIServingBase`, the request flow of the OpenAI endpoints (chat and completions).
+
+The flow: parse and validate the body, build a `GenerateReqInput`, tokenize; any problem so far is
+answered with its 4xx before a byte is streamed. Then either stream SSE chunks (ending with
+`data: [DONE]`) or wait for the final output while watching for the client going away; a client
+that leaves has its request aborted in the scheduler either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, TypeVar
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from sglang.srt.entrypoints.openai.protocol import PromptTokensDetails, UsageInfo
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+
+SSE_DONE = b"data: [DONE]\n\n"
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
+
+T = TypeVar("T")
+
+
+# ----------------------------------------------------------------------------- bodies
+def json_response(obj: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status_code, media_type="application/json")
+
+
+def error_body(err: GenerateError) -> dict[str, Any]:
+    """The OpenAI-style error object: `{"error": {"message", "type", "code"}}` (code: the HTTP status)."""
+    return {"error": {"message": err.message, "type": err.err_type, "code": err.status_code}}
+
+
+def error_response(err: GenerateError) -> Response:
+    return json_response(error_body(err), err.status_code)
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise GenerateError(f"invalid JSON body: {e}") from None
+    if not isinstance(data, dict):
+        raise GenerateError(f"the request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def format_validation_error(e: ValidationError) -> str:
+    parts = [f"{'.'.join(str(x) for x in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()[:5]]
+    return "invalid request: " + "; ".join(parts)
+
+
+def usage_from_meta(meta: dict[str, Any]) -> UsageInfo:
+    prompt, completion = int(meta.get("prompt_tokens", 0)), int(meta.get("completion_tokens", 0))
+    return UsageInfo(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=int(meta.get("cached_tokens", 0))),
+    )
+
+
+def finish_reason_str(fr: dict[str, Any] | None) -> str | None:
+    """The engine's finish reason -> OpenAI's `finish_reason`: "stop", "length" or "abort" (an
+    /abort_request); None while the request runs."""
+    if fr is None:
+        return None
+    return fr.get("type") if fr.get("type") in ("length", "abort") else "stop"
+
+
+# ----------------------------------------------------------------------------- SSE
+def sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def sse_stream(events: AsyncIterator[Any], outputs: AsyncIterator[Any] | None = None) -> AsyncIterator[bytes]:
+    """`events` (JSON-able objects) as SSE, ending with `data: [DONE]`. A GenerateError raised while
+    iterating becomes one error event. `events` and the generation they read (`outputs`, when it is
+    another iterator) are closed however the stream ends, which aborts an unfinished request."""
+    try:
+        async for ev in events:
+            yield sse(ev)
+    except GenerateError as e:
+        yield sse(error_body(e))
+    finally:
+        await events.aclose()
+        if outputs is not None and outputs is not events:
+            await outputs.aclose()
+    yield SSE_DONE
+
+
+# ----------------------------------------------------------------------------- draining
+async def drain(outputs: AsyncIterator[T]) -> T | None:
+    """The last item of `outputs` (None if it yields nothing)."""
+    last = None
+    async for last in outputs:
+        pass
+    return last
+
+
+async def gather_finals(streams: list[AsyncIterator[T]]) -> AsyncIterator[list[T | None]]:
+    """Drains every stream concurrently and yields their last items once, in order (a one-item
+    iterator, so it can be handed to `collect_until_disconnect`); cancelling it cancels them all."""
+    tasks = [asyncio.ensure_future(drain(s)) for s in streams]
+    try:
+        yield list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect_until_disconnect(request: Request, outputs: AsyncIterator[T]) -> T | None:
+    """The last output of `outputs`, or None if the client disconnected first (the draining task is
+    cancelled, which aborts the request)."""
+    task = asyncio.ensure_future(drain(outputs))
+    disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler itself was cancelled (shutdown)
+        task.cancel()
+        raise
+    finally:
+        disconnect.cancel()
+    if not task.done():  # the client went away first
+        task.cancel()
+        await asyncio.wait({task})  # let the cancellation (the abort) run before answering
+        return None
+    return task.result()
+
+
+# ----------------------------------------------------------------------------- OpenAI endpoints
+@dataclass
+class ResponseContext:
+    """What every response of one request repeats."""
+
+    id: str
+    model: str
+    created: int
+
+
+class OpenAIServingBase:
+    """One OpenAI endpoint over the tokenizer manager. Subclasses name their pydantic request type
+    and id prefix, and fill in the conversion and the two response shapes."""
+
+    request_model: type[BaseModel]
+    id_prefix: str
+
+    def __init__(self, tokenizer_manager: TokenizerManager, model_name: str):
+        self.tokenizer_manager = tokenizer_manager
+        self.model_name = model_name
+
+    async def handle_request(self, request: Request) -> Response:
+        created = time.time()
+        tm = self.tokenizer_manager
+        try:
+            req = self._parse(await request.body())
+            obj = self._convert_to_internal_request(req, created)
+            tokenized, payload = await tm.tokenize_request(obj)
+        except GenerateError as e:
+            return error_response(e)
+        outputs = tm.generate_tokenized(tokenized, payload)
+        ctx = ResponseContext(f"{self.id_prefix}-{tokenized.rid}", req.model or self.model_name, int(created))
+        if req.stream:
+            events = self._stream_events(req, ctx, outputs)
+            return StreamingResponse(sse_stream(events, outputs), media_type="text/event-stream")
+        try:
+            out = await collect_until_disconnect(request, outputs)
+        except GenerateError as e:
+            return error_response(e)
+        if out is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return json_response(self._build_response(req, ctx, out))
+
+    def _parse(self, body: bytes) -> Any:
+        data = parse_json_body(body)
+        try:
+            req = self.request_model.model_validate(data)
+        except ValidationError as e:
+            raise GenerateError(format_validation_error(e)) from None
+        problem = req.unsupported()
+        if problem:
+            raise GenerateError(problem)
+        return req
+
+    # ------------------------------------------------------------------ for subclasses
+    def _convert_to_internal_request(self, req: Any, created: float) -> GenerateReqInput:
+        raise NotImplementedError
+
+    def _build_response(self, req: Any, ctx: ResponseContext, out: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _stream_events(self, req: Any, ctx: ResponseContext, outputs: AsyncIterator[dict]) -> AsyncIterator[dict]:
+        raise NotImplementedError
+
+
+def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str = "max_tokens") -> dict[str, Any]:
+    """The sampling parameters chat and completion requests share, by their engine names."""
+    if max_new_tokens is not None and max_new_tokens <= 0:
+        raise GenerateError(f"{limit_name} must be at least 1, got {max_new_tokens}")
+    return {
+        "max_new_tokens": max_new_tokens,  # None: up to the context length
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "seed": req.seed,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens,
+    }
