@@ -1,5 +1,5 @@
-"""An upstream-style launch through the real server: --api-key guards the API (OpenAI-style 401),
-/health stays open, --chat-template replaces the tokenizer's template, compatibility flags start."""
+"""An upstream-style launch through the real server: --api-key guards the API (OpenAI-style 401,
+the upstream routes too), /health stays open, --chat-template replaces the tokenizer's template, compatibility flags start."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ def test_api_key_chat_template_and_compat_flags(launch_server, tmp_path):
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
     r = requests.post(s.url + "/v1/chat/completions", json=body, timeout=60, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401
+    for method, path in (("POST", "/v1/completions"), ("GET", "/health_generate"), ("POST", "/abort_request"),
+                         ("GET", "/model_info"), ("GET", "/server_info"), ("GET", "/v1/models/default")):
+        assert requests.request(method, s.url + path, json={}, timeout=10).status_code == 401, path
+    auth = {"Authorization": "Bearer sk-test"}
+    assert requests.get(s.url + "/health_generate", headers=auth, timeout=30).status_code == 200
     import openai
 
     client = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-test", max_retries=0, timeout=60)

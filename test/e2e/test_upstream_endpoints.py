@@ -1,0 +1,164 @@
+"""Upstream SGLang's endpoints on the launched server (tiny model): /v1/completions (with the openai
+client: text and token-id prompts, stream and not, stop strings, usage, refused parameters),
+/v1/models/{model}, /health_generate, /model_info and /server_info, and /abort_request ending a
+running request by its id without leaking KV slots."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import openai
+import pytest
+import requests
+
+from conftest import wait_until
+
+MAX_NEW = 10
+
+
+def complete(client, **kw):
+    kw.setdefault("model", "default")
+    kw.setdefault("max_tokens", MAX_NEW)
+    kw.setdefault("temperature", 0)
+    return client.completions.create(**kw)
+
+
+def generate(server, **body):
+    r = requests.post(server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def server_info(server) -> dict:
+    return requests.get(server.url + "/get_server_info", timeout=10).json()
+
+
+def idle(server) -> bool:
+    info = server_info(server)
+    return (info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
+            and info["available_kv_tokens"] == info["max_total_num_tokens"])
+
+
+# ----------------------------------------------------------------------------- /v1/completions
+def test_completion_matches_generate_stream_and_usage(server, client):
+    prompt = "Once upon a time " + uuid.uuid4().hex[:8]
+    ref = generate(server, text=prompt, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0})
+    resp = complete(client, prompt=prompt)
+    assert resp.object == "text_completion" and resp.id.startswith("cmpl-")
+    assert resp.choices[0].text == ref["text"] and resp.choices[0].index == 0
+    assert resp.choices[0].finish_reason == "length"
+    meta = ref["meta_info"]
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (meta["prompt_tokens"], MAX_NEW)
+    assert resp.usage.total_tokens == meta["prompt_tokens"] + MAX_NEW
+
+    chunks = list(complete(client, prompt=prompt, stream=True, stream_options={"include_usage": True}))
+    assert all(c.object == "text_completion" and c.id == chunks[0].id for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ref["text"]
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == "length" and set(finals[:-1]) <= {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == resp.usage.total_tokens
+
+    by_ids = complete(client, prompt=ref_ids(server, prompt))
+    assert by_ids.choices[0].text == ref["text"] and by_ids.usage.prompt_tokens == meta["prompt_tokens"]
+
+
+def ref_ids(server, prompt: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(server.model_dir).encode(prompt, add_special_tokens=False)
+
+
+def test_completion_stop_string_stream_and_not(client):
+    prompt = "List some words: " + uuid.uuid4().hex[:8]
+    base = complete(client, prompt=prompt, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text
+    stop = next(base[i:i + 2] for i in range(4, len(base) - 2) if base[i:i + 2].strip() and "\ufffd" not in base[i:i + 2])
+    expected = base[: base.find(stop)]
+    resp = complete(client, prompt=prompt, max_tokens=24, stop=[stop], extra_body={"ignore_eos": True})
+    assert resp.choices[0].text == expected and resp.choices[0].finish_reason == "stop"
+    chunks = list(complete(client, prompt=prompt, max_tokens=24, stop=stop, stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert resp.usage.completion_tokens < 24
+
+
+@pytest.mark.parametrize("kw, word", [({"n": 2}, "n=2"), ({"logprobs": 2}, "logprobs"), ({"echo": True}, "echo"),
+                                      ({"best_of": 2}, "best_of"), ({"suffix": "end"}, "suffix"),
+                                      ({"prompt": ["a", "b"]}, "list of prompts")])
+def test_completion_unsupported_parameter_is_400_naming_it(client, kw, word):
+    kw.setdefault("prompt", "hello")
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(client, **kw)
+    assert e.value.status_code == 400 and word in e.value.body["message"]
+
+
+# ----------------------------------------------------------------------------- models, health, info
+def test_retrieve_model_and_unknown_model_is_404(server, client):
+    served = client.models.list().data[0].id
+    card = client.models.retrieve(served)
+    assert card.id == served and card.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    r = requests.get(server.url + "/v1/models/no-such-model", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404 and "no-such-model" in r.json()["error"]["message"]
+
+
+def test_health_generate(server):
+    start = time.monotonic()
+    r = requests.get(server.url + "/health_generate", timeout=30)
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert time.monotonic() - start < 20
+    wait_until(lambda: idle(server), 30, what="the probe to leave nothing behind")
+
+
+def test_model_info_and_server_info_equal_the_old_routes(server):
+    assert requests.get(server.url + "/model_info", timeout=10).json() == \
+        requests.get(server.url + "/get_model_info", timeout=10).json()
+    wait_until(lambda: idle(server), 30, what="an idle server")
+    assert requests.get(server.url + "/server_info", timeout=10).json() == server_info(server)
+
+
+# ----------------------------------------------------------------------------- /abort_request
+def test_abort_request_ends_a_streaming_generate_by_rid(server):
+    wait_until(lambda: idle(server), 30, what="an idle server")
+    assert requests.post(server.url + "/abort_request", json={"rid": "unknown-" + uuid.uuid4().hex}, timeout=10).status_code == 200
+    rid = "abort-me-" + uuid.uuid4().hex
+    body = {"text": "never stop " + rid, "rid": rid, "stream": True,
+            "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    with requests.post(server.url + "/generate", json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        lines = (ln[6:] for ln in r.iter_lines() if ln.startswith(b"data: "))
+        events = [json.loads(next(lines)) for _ in range(3)]
+        assert server_info(server)["num_running_reqs"] == 1
+        start = time.monotonic()
+        a = requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=10)
+        assert a.status_code == 200 and a.json()["num_aborted"] == 1
+        rest = list(lines)
+    elapsed = time.monotonic() - start
+    assert rest[-1] == b"[DONE]"
+    last = json.loads(rest[-2]) if len(rest) > 1 else events[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert last["meta_info"]["completion_tokens"] < 4000 and elapsed < 10
+    wait_until(lambda: idle(server), 30, what="KV slots freed after the abort")
+
+
+def test_abort_request_ends_a_non_stream_completion(server, client):
+    wait_until(lambda: idle(server), 30, what="an idle server")
+    rid = "abort-cmpl-" + uuid.uuid4().hex
+    out = {}
+
+    def run():
+        out["resp"] = complete(client, prompt="go on forever", max_tokens=4000, extra_body={"rid": rid, "ignore_eos": True})
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: server_info(server)["num_running_reqs"] == 1, 30, what="the completion to run")
+    assert requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=10).json()["num_aborted"] == 1
+    t.join(30)
+    assert not t.is_alive()
+    resp = out["resp"]
+    assert resp.id == f"cmpl-{rid}" and resp.choices[0].finish_reason == "abort"
+    assert resp.usage.completion_tokens < 4000
+    wait_until(lambda: idle(server), 30, what="KV slots freed after the abort")
