@@ -74,7 +74,17 @@ def test_launch_failure_is_reported_and_cleaned_up(tmp_path, monkeypatch):
     from conftest import child_pids
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where PortArgs puts the ipc directory
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # a directory the children cannot load a model from
     with pytest.raises(RuntimeError, match="sglang-(sched0|detok).*(failed to start|exited)"):
-        sglang.Engine(model_path=str(tmp_path / "no-such-model"), dtype="float32", device="cpu", log_level="error")
+        sglang.Engine(model_path=str(broken), dtype="float32", device="cpu", log_level="error")
     assert not [pid for pid, name in child_pids(os.getpid()).items() if name.startswith("sglang-") and pid_alive(pid)]
     assert list(tmp_path.glob("sglang-ipc-*")) == []
+
+
+def test_missing_model_path_is_refused_before_any_process_starts(tmp_path):
+    from sglang.srt.model_loader.model_path import ModelPathError
+
+    with pytest.raises(ModelPathError, match="no-such-model"):
+        sglang.Engine(model_path=str(tmp_path / "no-such-model"), dtype="float32", device="cpu", log_level="error")
