@@ -225,6 +225,11 @@ class Engine:
             obj = GenerateReqInput(text=prompt, input_ids=input_ids, messages=messages,
                                    image_data=_as_image_list(image_data), sampling_params=dict(sampling_params or {}),
                                    stream=stream)
+            copies = obj.parallel_copies()
+            if len(copies) > 1:
+                if stream:
+                    raise ValueError("stream=True takes n=1; stream n requests instead")
+                return self._run(self._collect_batch(copies))
             return self._stream(obj) if stream else self._run(self._collect(obj))
         if stream:
             raise ValueError("stream=True takes a single request, not a batch")
@@ -239,7 +244,7 @@ class Engine:
                              sampling_params=dict(per_params[i] or {}))
             for i in range(n)
         ]
-        return self._run(self._collect_batch(objs))
+        return self._run(self._collect_batch([c for o in objs for c in o.parallel_copies()]))
 
     async def _collect(self, obj) -> dict:
         out = None

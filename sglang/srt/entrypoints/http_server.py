@@ -251,9 +251,14 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
     rids = (rid if rid is not None else [None] * n) if batch else [rid]
     if not isinstance(rids, list) or len(rids) != n:
         raise GenerateError(f"a batch of {n} prompts needs rid as a list of {n} ids")
+    logprob_keys = {k: data[k] for k in ("return_logprob", "top_logprobs_num") if data.get(k) is not None}
     objs = []
     for i, prompt in enumerate(prompts):
         img = per_images[i]
+        if logprob_keys:  # upstream takes these at the top level; the engine keeps them per request
+            if per_params[i] is not None and not isinstance(per_params[i], dict):
+                raise GenerateError(f"sampling_params must be an object, got {type(per_params[i]).__name__}")
+            per_params[i] = {**(per_params[i] or {}), **logprob_keys}
         objs.append(GenerateReqInput(
             text=prompt if text is not None else None,
             input_ids=prompt if input_ids is not None else None,
@@ -263,7 +268,13 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             rid=rids[i],
             created_time=created,
         ))
-    return objs, batch
+    try:
+        expanded = [c for o in objs for c in o.parallel_copies()]
+    except ValueError as e:
+        raise GenerateError(str(e)) from None
+    if stream and len(expanded) > 1:
+        raise GenerateError("n > 1 with stream is not supported on /generate; use /v1/chat/completions or n requests")
+    return expanded, batch or len(expanded) > len(objs)
 
 
 # ----------------------------------------------------------------------------- process entry

@@ -44,6 +44,9 @@ class SamplingBatchInfo:
     steps: torch.Tensor  # (B,) int64: output position of the token being drawn
     all_greedy: bool
     need_filter: bool  # some row uses top-k, top-p or min-p
+    penalties: "Penalties | None" = None
+    # (rows, token ids) whose logits are -inf this step: stop tokens of rows below min_new_tokens
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_params(cls, params: list, seeds: list[int | None], vocab_size: int, device, steps: list[int],
@@ -64,12 +67,80 @@ class SamplingBatchInfo:
         )
 
 
+@dataclass
+class Penalties:
+    """Repetition (HF: divide positive logits, multiply negative ones, for every token seen in the
+    prompt or output), frequency and presence (OpenAI: subtract per output occurrence / once)."""
+
+    repetition: torch.Tensor  # (B, 1)
+    frequency: torch.Tensor  # (B, 1)
+    presence: torch.Tensor  # (B, 1)
+    output_counts: torch.Tensor  # (B, V) float32 occurrences in the output so far
+    seen: torch.Tensor  # (B, V) bool: in the prompt or the output
+
+    @classmethod
+    def build(cls, params: list, prompts: list[list[int]], outputs: list[list[int]], vocab: int, device) -> "Penalties":
+        """Counts built from flat (row, id) lists: one copy of the ids, then scatters on the device."""
+        def flat(seqs):
+            rows = [i for i, seq in enumerate(seqs) for t in seq if 0 <= t < vocab]
+            ids = [t for seq in seqs for t in seq if 0 <= t < vocab]
+            return torch.tensor([rows, ids], dtype=torch.int64).to(device, non_blocking=True)
+
+        b = len(params)
+        out_idx = flat(outputs)
+        counts = torch.zeros(b, vocab, dtype=torch.float32, device=device)
+        counts.index_put_((out_idx[0], out_idx[1]), torch.ones(out_idx.shape[1], device=device), accumulate=True)
+        seen = counts > 0
+        rep_rows = [p.repetition_penalty != 1.0 for p in params]
+        prompt_idx = flat([seq if want else [] for seq, want in zip(prompts, rep_rows)])
+        seen[prompt_idx[0], prompt_idx[1]] = True
+        vals = torch.tensor([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params],
+                            dtype=torch.float32).to(device, non_blocking=True)
+        return cls(vals[:, 0:1], vals[:, 1:2], vals[:, 2:3], counts, seen)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        rep = torch.where(self.seen, self.repetition, torch.ones_like(self.repetition))
+        logits = torch.where(logits > 0, logits / rep, logits * rep)
+        return logits - self.frequency * self.output_counts - self.presence * (self.output_counts > 0).float()
+
+
+def banned_tokens(params: list, outputs: list[list[int]], eos_ids: list[int], device):
+    """(rows, ids) of stop tokens to mask for rows still below min_new_tokens; None when none are."""
+    rows, ids = [], []
+    for i, (p, out) in enumerate(zip(params, outputs)):
+        if len(out) < p.min_new_tokens:
+            stops = ([] if p.ignore_eos else list(eos_ids)) + list(p.stop_token_ids)
+            rows += [i] * len(stops)
+            ids += stops
+    if not rows:
+        return None
+    t = torch.tensor([rows, ids], dtype=torch.int64).to(device, non_blocking=True)
+    return t[0], t[1]
+
+
+def adjust_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """Penalties and min-token masks: what the distribution is sampled (and logprobs taken) from."""
+    if info.penalties is not None:
+        logits = info.penalties.apply(logits)
+    if info.banned is not None:
+        logits = logits.index_put(info.banned, torch.tensor(float("-inf"), device=logits.device))
+    return logits
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int):
+    """(log p of each sampled token (B,), top-n (values, ids) or None) from the adjusted logits."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return chosen, (logp.topk(top_n, dim=-1) if top_n > 0 else None)
+
+
 class Sampler:
     def __init__(self, seed: int = 0):
         # draws the seeds of unseeded requests: the server's whole sequence follows --random-seed
         self.rng = random.Random(seed)
 
     def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+        """`logits` as adjusted by `adjust_logits` (penalties and bans are the caller's step)."""
         greedy = logits.argmax(dim=-1)
         if info.all_greedy:
             return greedy

@@ -6,6 +6,7 @@ every process can load this module cheaply.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,27 @@ class GenerateReqInput:
     rid: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     created_time: float = 0.0
+
+    def parallel_copies(self, max_n: int = 64) -> list["GenerateReqInput"]:
+        """`sampling_params["n"]` independent samples of this prompt as n requests (they share its KV
+        through the prefix cache). Copy i gets rid `<rid>-<i>` when a rid was given and seed `seed + i`
+        when a seed was, so the samples differ yet stay reproducible. n=1 (or absent): [self]."""
+        params = dict(self.sampling_params or {}) if isinstance(self.sampling_params, dict) else self.sampling_params
+        n = params.pop("n", 1) if isinstance(params, dict) else 1
+        n = 1 if n is None else n
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_n:
+            raise ValueError(f"n must be an integer in [1, {max_n}], got {n!r}")
+        self.sampling_params = params
+        if n == 1:
+            return [self]
+        copies = []
+        for i in range(n):
+            p = dict(params)
+            for key in ("seed", "sampling_seed"):
+                if p.get(key) is not None:
+                    p[key] = p[key] + i
+            copies.append(dataclasses.replace(self, sampling_params=p, rid=f"{self.rid}-{i}" if self.rid else None))
+        return copies
 
 
 # ----------------------------------------------------------------------------- tokenizer -> scheduler

@@ -192,6 +192,7 @@ class RequestBuilder:
         self._check_length(len(ids))
         sampling = req.sampling
         sampling.max_new_tokens = self._fit_max_new_tokens(len(ids), sampling.max_new_tokens, req)
+        sampling.min_new_tokens = min(sampling.min_new_tokens, sampling.max_new_tokens)
         tokenized = TokenizedGenerateReqInput(
             rid=req.rid, input_ids=ids, sampling_params=sampling, mm_inputs=mm_inputs, stream=obj.stream,
             input_text=prompt, created_time=obj.created_time, stage_timings_ms=timings if mm_inputs else {},
@@ -314,6 +315,12 @@ def make_sampling_params(raw: dict[str, Any] | None) -> tuple[SamplingParams, bo
         raise GenerateError(f"sampling_params must be an object, got {type(raw).__name__}")
     raw = raw or {}
     kw = {k: v for k, v in raw.items() if v is not None}
+    if "sampling_seed" in kw:  # upstream's name
+        if "seed" in kw and kw["seed"] != kw["sampling_seed"]:
+            raise GenerateError("give either seed or sampling_seed, not both with different values")
+        kw["seed"] = kw.pop("sampling_seed")
+    if "min_tokens" in kw:  # vLLM's name
+        kw["min_new_tokens"] = kw.pop("min_tokens")
     to_context = "max_new_tokens" in raw and raw["max_new_tokens"] is None
     known = SamplingParams.__dataclass_fields__
     unknown = sorted(set(kw) - set(known))
@@ -326,7 +333,7 @@ def make_sampling_params(raw: dict[str, Any] | None) -> tuple[SamplingParams, bo
     try:
         sp = SamplingParams(**kw)
         if to_context:
-            sp.max_new_tokens = 1  # placeholder until the prompt length is known
+            sp.max_new_tokens = max(1, sp.min_new_tokens)  # placeholder until the prompt length is known
         sp.verify()
     except (ValueError, TypeError) as e:
         raise GenerateError(f"invalid sampling parameters: {e}") from None

@@ -39,6 +39,9 @@ class Req:
         self.stage_timings_ms = dict(stage_timings_ms or {})
         self.prompt_key: list[int] = list(origin_input_ids)  # set to the padded key after hashing
         self.output_ids: list[int] = []
+        # filled only when the request asks for logprobs: one entry per output token
+        self.output_token_logprobs: list[tuple[float, int]] = []
+        self.output_top_logprobs: list[list[tuple[float, int]]] = []
         self.finished_reason: FinishReason | None = None
         self.to_abort: FinishReason | None = None
 

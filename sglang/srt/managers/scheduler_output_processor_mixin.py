@@ -18,7 +18,8 @@ class SchedulerOutputProcessorMixin:
     def run_batch(self, batch: ScheduleBatch) -> None:
         timer = self.stage_timer
         start = time.perf_counter()
-        next_ids, totals = self.worker.forward_batch_generation(batch, timer.enabled)
+        next_ids, totals, logprobs = self.worker.forward_batch_generation(batch, timer.enabled)
+        logprobs = logprobs or [None] * len(next_ids)
         now = time.perf_counter()
         if timer.enabled:
             step_ms = (now - start) * 1e3
@@ -29,7 +30,7 @@ class SchedulerOutputProcessorMixin:
         if batch.mode.is_extend():
             if self.chunked_req is not None and any(r is self.chunked_req for r in batch.reqs):
                 self.chunked_req = None
-            for req, tok in zip(batch.reqs, next_ids):
+            for req, tok, lp in zip(batch.reqs, next_ids, logprobs):
                 if req.is_prefilling():
                     self.chunked_req = req
                     continue
@@ -37,16 +38,19 @@ class SchedulerOutputProcessorMixin:
                     self.running.append(req)
                     continue
                 timer.add(req.stage_timings_ms, "first_token", (time.time() - req.created_time) * 1e3)
-                self._append_token(req, tok)
+                self._append_token(req, tok, lp)
                 if not req.finished():
                     self.running.append(req)
         else:
-            for req, tok in zip(batch.reqs, next_ids):
-                self._append_token(req, tok)
+            for req, tok, lp in zip(batch.reqs, next_ids, logprobs):
+                self._append_token(req, tok, lp)
             self.running = [r for r in self.running if not r.finished()]
 
-    def _append_token(self, req: Req, tok: int) -> None:
+    def _append_token(self, req: Req, tok: int, logprob=None) -> None:
         req.output_ids.append(tok)
+        if logprob is not None:
+            req.output_token_logprobs.append((logprob[0], tok))
+            req.output_top_logprobs.append(logprob[1])
         try:
             reason = self._check_finished(req, tok)
         except Exception as e:  # e.g. a tokenizer failure while matching stop strings
@@ -116,13 +120,17 @@ class SchedulerOutputProcessorMixin:
         for r in reqs:
             out.rids.append(r.rid)
             out.new_token_ids.append(r.output_ids[r.sent_len :])
+            meta = self._meta_info(r)
+            if r.output_token_logprobs:  # only the new positions: the tokenizer side accumulates them
+                meta["output_token_logprobs_delta"] = r.output_token_logprobs[r.sent_len :]
+                meta["output_top_logprobs_delta"] = r.output_top_logprobs[r.sent_len :]
             r.sent_len = len(r.output_ids)
             out.finished_reasons.append(r.finished_reason)
             out.prompt_tokens.append(r.prompt_len)
             out.completion_tokens.append(len(r.output_ids))
             out.cached_tokens.append(r.cached_tokens)
             out.skip_special_tokens.append(r.sampling_params.skip_special_tokens)
-            out.meta_info.append(self._meta_info(r))
+            out.meta_info.append(meta)
         self._release_finished(reqs)
         self.send(out)
 

@@ -335,7 +335,14 @@ class TokenizerManager:
                 self._observe(state, len(msg.new_token_ids[i]))
             state.output_ids.extend(msg.new_token_ids[i])
             if i < len(msg.meta_info) and msg.meta_info[i]:
-                state.meta_info.update(msg.meta_info[i])
+                meta = dict(msg.meta_info[i])
+                if "output_token_logprobs_delta" in meta:
+                    # upstream's layout: (logprob, token id, text or None) per position
+                    state.meta_info.setdefault("output_token_logprobs", []).extend(
+                        [lp, tok, None] for lp, tok in meta.pop("output_token_logprobs_delta"))
+                    state.meta_info.setdefault("output_top_logprobs", []).extend(
+                        [[lp, tok, None] for lp, tok in alts] for alts in meta.pop("output_top_logprobs_delta"))
+                state.meta_info.update(meta)
             state.meta_info["prompt_tokens"] = msg.prompt_tokens[i]
             state.meta_info["completion_tokens"] = msg.completion_tokens[i]
             state.meta_info["cached_tokens"] = msg.cached_tokens[i]

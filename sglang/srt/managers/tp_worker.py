@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
-from sglang.srt.layers.sampler import Sampler, SamplingBatchInfo
+from sglang.srt.layers.sampler import Penalties, Sampler, SamplingBatchInfo, adjust_logits, banned_tokens, token_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.server_args import ServerArgs
@@ -31,24 +31,48 @@ class TpModelWorker:
         )
         self.sampler = Sampler(server_args.random_seed)
         self.vocab_size = self.model_runner.model_config.text.vocab_size
+        self.eos_ids = sorted(self.model_runner.model_config.eos_token_ids)
 
     @torch.inference_mode()
-    def forward_batch_generation(self, batch: ScheduleBatch, stage_timer_on: bool = False) -> tuple[list[int], dict]:
-        """Runs the batch; returns one sampled token per request (meaningful only for requests
-        whose prompt is complete after this step) and the stage timer's batch totals."""
+    def forward_batch_generation(self, batch: ScheduleBatch, stage_timer_on: bool = False):
+        """Runs the batch; returns (one sampled token per request, meaningful only for requests whose
+        prompt is complete after this step; the stage timer's batch totals; per-request logprobs, None
+        where not asked: (token logprob, [(logprob, token id), ...] top alternatives))."""
         runner = self.model_runner
         fb = batch.to_forward_batch(runner.device, stage_timer_on)
         out = runner.forward(fb)
+        reqs = batch.reqs
+        params = [r.sampling_params for r in reqs]
+        outputs = [r.output_ids for r in reqs]
         info = SamplingBatchInfo.from_params(
-            [r.sampling_params for r in batch.reqs],
-            [r.sampling_params.seed for r in batch.reqs],
-            self.vocab_size,
-            runner.device,
-            steps=[len(r.output_ids) for r in batch.reqs],
-            rng=self.sampler.rng,
+            params, [p.seed for p in params], self.vocab_size, runner.device,
+            steps=[len(o) for o in outputs], rng=self.sampler.rng,
         )
-        tokens = self.sampler(out.next_token_logits, info).tolist()  # the step's one device-to-host copy
-        return tokens, fb.stage_totals or {}
+        if any(p.has_penalty for p in params):
+            info.penalties = Penalties.build(params, [r.origin_input_ids for r in reqs], outputs, self.vocab_size,
+                                             runner.device)
+        info.banned = banned_tokens(params, outputs, self.eos_ids, runner.device)
+        logits = adjust_logits(out.next_token_logits, info)
+        ids = self.sampler(logits, info)
+        logprobs = None
+        if any(p.return_logprob or p.top_logprobs_num for p in params):
+            logprobs = self._logprobs(logits, ids, params)
+        return ids.tolist(), fb.stage_totals or {}, logprobs  # the step's device-to-host copies
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, ids: torch.Tensor, params: list) -> list:
+        top_n = max(p.top_logprobs_num for p in params)
+        chosen, top = token_logprobs(logits, ids, top_n)
+        chosen = chosen.tolist()
+        top_v, top_i = (top[0].tolist(), top[1].tolist()) if top is not None else (None, None)
+        out = []
+        for b, p in enumerate(params):
+            if not (p.return_logprob or p.top_logprobs_num):
+                out.append(None)
+                continue
+            alts = list(zip(top_v[b][: p.top_logprobs_num], top_i[b][: p.top_logprobs_num])) if top_v else []
+            out.append((chosen[b], alts))
+        return out
 
     # ------------------------------------------------------------------ multimodal embedding state
     def mm_encoded_images(self, rid: str) -> int:

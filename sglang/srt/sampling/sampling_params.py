@@ -21,6 +21,12 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    min_new_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
+    repetition_penalty: float = 1.0  # >1 discourages every token seen in prompt or output (HF rule)
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output (OpenAI rule)
+    presence_penalty: float = 0.0  # subtracted once if the token occurs in the output
+    return_logprob: bool = False  # log-probability of each output token (the model's distribution)
+    top_logprobs_num: int = 0  # and of this many most likely alternatives per position
 
     def verify(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -43,7 +49,22 @@ class SamplingParams:
             raise SamplingParamsError("at most 16 stop strings")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise SamplingParamsError("stop_token_ids must be non-negative integers")
+        if not isinstance(self.min_new_tokens, int) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise SamplingParamsError(
+                f"min_new_tokens must be an integer in [0, max_new_tokens={self.max_new_tokens}], got {self.min_new_tokens!r}"
+            )
+        if not 0.0 < float(self.repetition_penalty) <= 2.0:
+            raise SamplingParamsError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= float(getattr(self, name)) <= 2.0:
+                raise SamplingParamsError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        if not isinstance(self.top_logprobs_num, int) or not 0 <= self.top_logprobs_num <= 20:
+            raise SamplingParamsError(f"top_logprobs_num must be an integer in [0, 20], got {self.top_logprobs_num!r}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalty(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0

@@ -166,7 +166,11 @@ def test_finish_reason_and_usage():
 def test_sampling_from_request_refuses_a_zero_limit_by_name():
     class Req:
         temperature = top_p = top_k = min_p = seed = stop = stop_token_ids = None
-        ignore_eos, skip_special_tokens = False, True
+        frequency_penalty = presence_penalty = repetition_penalty = min_tokens = None
+        ignore_eos, skip_special_tokens, n = False, True, 1
+
+        def logprob_params(self):
+            return {"return_logprob": False, "top_logprobs_num": 0}
 
     assert sampling_from_request(Req(), 5)["max_new_tokens"] == 5
     assert sampling_from_request(Req(), None)["max_new_tokens"] is None

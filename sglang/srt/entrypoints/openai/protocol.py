@@ -62,9 +62,10 @@ class ChatCompletionRequest(_Tolerant):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     logprobs: bool = False
+    top_logprobs: int | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
     user: str | None = None
@@ -74,15 +75,16 @@ class ChatCompletionRequest(_Tolerant):
     stop_token_ids: list[int] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     rid: str | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+
+    def logprob_params(self) -> dict[str, Any]:
+        return {"return_logprob": self.logprobs, "top_logprobs_num": self.top_logprobs or 0}
 
     def unsupported(self) -> str | None:
         """A message naming the first requested feature this server does not implement, if any."""
-        if self.n != 1:
-            return f"n={self.n} is not supported: only n=1"
-        if self.frequency_penalty or self.presence_penalty:
-            return "frequency_penalty and presence_penalty are not supported (leave them at 0)"
-        if self.logprobs:
-            return "logprobs are not supported"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs needs logprobs: true"
         if self.tools:
             return "tools are not supported"
         if self.response_format and self.response_format.get("type") not in (None, "text"):
@@ -110,8 +112,8 @@ class CompletionRequest(_Tolerant):
     logprobs: int | None = None
     suffix: str | None = None
     logit_bias: dict[str, float] | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -120,24 +122,23 @@ class CompletionRequest(_Tolerant):
     skip_special_tokens: bool = True
     stop_token_ids: list[int] | None = None
     rid: str | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+
+    def logprob_params(self) -> dict[str, Any]:
+        return {"return_logprob": self.logprobs is not None, "top_logprobs_num": self.logprobs or 0}
 
     def unsupported(self) -> str | None:
         """A message naming the first requested feature this server does not implement, if any.
         Every parameter accepted but not honoured is refused here, and only here."""
-        if self.n != 1:
-            return f"n={self.n} is not supported: only n=1"
-        if self.best_of is not None and self.best_of != 1:
-            return f"best_of={self.best_of} is not supported: only best_of=1"
-        if self.logprobs is not None:
-            return "logprobs are not supported"
+        if self.best_of is not None and self.best_of != self.n:
+            return f"best_of={self.best_of} is not supported: only best_of equal to n"
         if self.echo:
             return "echo is not supported"
         if self.suffix:
             return "suffix is not supported"
         if self.logit_bias:
             return "logit_bias is not supported"
-        if self.frequency_penalty or self.presence_penalty:
-            return "frequency_penalty and presence_penalty are not supported (leave them at 0)"
         if self.is_batch():
             return "a list of prompts is not supported: send one prompt (a string or a list of token ids) per request"
         return None
@@ -167,6 +168,7 @@ class AssistantMessage(BaseModel):
 class ChatCompletionChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReasonStr | None = None
     matched_stop: int | str | None = None
 
@@ -192,6 +194,7 @@ class DeltaMessage(BaseModel):
 class ChatCompletionStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReasonStr | None = None
     matched_stop: int | str | None = None
 
@@ -208,7 +211,7 @@ class ChatCompletionStreamResponse(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReasonStr | None = None
     matched_stop: int | str | None = None
 

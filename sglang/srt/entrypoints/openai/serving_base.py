@@ -117,6 +117,47 @@ async def gather_finals(streams: list[AsyncIterator[T]]) -> AsyncIterator[list[T
             t.cancel()
 
 
+async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Items of several streams as they come, tagged with the stream's index. A failing stream ends
+    the merge with its error; closing the merge closes (and so aborts) every stream."""
+    if len(streams) == 1:  # the common case: no tasks in between
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            await streams[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((i, item, None))
+        except BaseException as e:  # noqa: BLE001 (handed to the consumer, cancellation included)
+            await queue.put((i, done, e))
+            return
+        await queue.put((i, done, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(streams)
+        while live:
+            i, item, err = await queue.get()
+            if item is done:
+                if err is not None and not isinstance(err, asyncio.CancelledError):
+                    raise err
+                live -= 1
+                continue
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for st in streams:
+            await st.aclose()
+
+
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -149,6 +190,10 @@ class ResponseContext:
     id: str
     model: str
     created: int
+    tokenizer: Any = None  # turns logprob token ids into text
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
 
 
 class OpenAIServingBase:
@@ -163,26 +208,38 @@ class OpenAIServingBase:
         self.model_name = model_name
 
     async def handle_request(self, request: Request) -> Response:
+        """`n` choices are `n` requests (prefix shared through the cache), merged into one response:
+        final outputs in choice order, or stream chunks tagged with their choice index."""
         created = time.time()
         tm = self.tokenizer_manager
         try:
             req = self._parse(await request.body())
             obj = self._convert_to_internal_request(req, created)
-            tokenized, payload = await tm.tokenize_request(obj)
+            try:
+                copies = obj.parallel_copies()
+            except ValueError as e:
+                raise GenerateError(str(e)) from None
+            prepared = [await tm.tokenize_request(c) for c in copies]
         except GenerateError as e:
             return error_response(e)
-        outputs = tm.generate_tokenized(tokenized, payload)
-        ctx = ResponseContext(f"{self.id_prefix}-{tokenized.rid}", req.model or self.model_name, int(created))
+        streams = [tm.generate_tokenized(t, p) for t, p in prepared]
+        ctx = ResponseContext(f"{self.id_prefix}-{prepared[0][0].rid}", req.model or self.model_name, int(created),
+                              self._tokenizer())
         if req.stream:
-            events = self._stream_events(req, ctx, outputs)
-            return StreamingResponse(sse_stream(events, outputs), media_type="text/event-stream")
+            tagged = merge_streams(streams)
+            events = self._stream_events(req, ctx, tagged)
+            return StreamingResponse(sse_stream(events, tagged), media_type="text/event-stream")
         try:
-            out = await collect_until_disconnect(request, outputs)
+            outs = await collect_until_disconnect(request, gather_finals(streams))
         except GenerateError as e:
             return error_response(e)
-        if out is None:
+        if outs is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        return json_response(self._build_response(req, ctx, out))
+        return json_response(self._build_response(req, ctx, outs))
+
+    def _tokenizer(self):
+        builder = getattr(self.tokenizer_manager, "builder", None)
+        return getattr(builder, "tokenizer", None)
 
     def _parse(self, body: bytes) -> Any:
         data = parse_json_body(body)
@@ -199,7 +256,8 @@ class OpenAIServingBase:
     def _convert_to_internal_request(self, req: Any, created: float) -> GenerateReqInput:
         raise NotImplementedError
 
-    def _build_response(self, req: Any, ctx: ResponseContext, out: dict[str, Any]) -> dict[str, Any]:
+    def _build_response(self, req: Any, ctx: ResponseContext, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        """`outs`: one final output per choice, in choice order."""
         raise NotImplementedError
 
     def _stream_events(self, req: Any, ctx: ResponseContext, outputs: AsyncIterator[dict]) -> AsyncIterator[dict]:
@@ -221,4 +279,56 @@ def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str 
         "stop_token_ids": req.stop_token_ids,
         "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
+        "frequency_penalty": req.frequency_penalty,
+        "presence_penalty": req.presence_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "min_new_tokens": req.min_tokens,
+        "n": req.n,
+        **req.logprob_params(),
     }
+
+
+def usage_of_choices(metas: list[dict[str, Any]]) -> UsageInfo:
+    """The prompt counted once (the choices share it), completions summed."""
+    usage = usage_from_meta(metas[0])
+    usage.completion_tokens = sum(m.get("completion_tokens", 0) for m in metas)
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    return usage
+
+
+def logprob_entries(meta: dict[str, Any], start: int = 0) -> tuple[list, list]:
+    """(token logprobs, top alternatives) from position `start` on: upstream's meta_info layout."""
+    return meta.get("output_token_logprobs", [])[start:], meta.get("output_top_logprobs", [])[start:]
+
+
+def chat_logprobs(ctx: ResponseContext, meta: dict[str, Any], start: int = 0) -> dict[str, Any] | None:
+    """OpenAI chat `logprobs.content` for the output positions from `start` on."""
+    if "output_token_logprobs" not in meta:
+        return None
+    tokens, tops = logprob_entries(meta, start)
+
+    def entry(lp: float, tok: int) -> dict[str, Any]:
+        text = ctx.token_text(tok)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for (lp, tok, _), alts in zip(tokens, tops):
+        content.append({**entry(lp, tok), "top_logprobs": [entry(alp, atok) for alp, atok, _ in alts]})
+    return {"content": content}
+
+
+def completion_logprobs(ctx: ResponseContext, meta: dict[str, Any], start: int = 0, offset: int = 0) -> dict[str, Any] | None:
+    """OpenAI completions' legacy `logprobs` object for the output positions from `start` on;
+    `offset` is the character offset of the first token in the completion text."""
+    if "output_token_logprobs" not in meta:
+        return None
+    tokens, tops = logprob_entries(meta, start)
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for (lp, tok, _), alts in zip(tokens, tops):
+        text = ctx.token_text(tok)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp)
+        out["top_logprobs"].append({ctx.token_text(atok): alp for alp, atok, _ in alts})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out

@@ -20,9 +20,10 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import (
     OpenAIServingBase,
     ResponseContext,
+    chat_logprobs,
     finish_reason_str,
     sampling_from_request,
-    usage_from_meta,
+    usage_of_choices,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -42,40 +43,48 @@ class OpenAIServingChat(OpenAIServingBase):
             created_time=created,
         )
 
-    def _build_response(self, req: ChatCompletionRequest, ctx: ResponseContext, out: dict[str, Any]) -> dict[str, Any]:
-        meta = out["meta_info"]
-        fr = meta["finish_reason"] or {}
-        choice = ChatCompletionChoice(
-            message=AssistantMessage(content=out["text"]),
-            finish_reason=finish_reason_str(fr),
-            matched_stop=fr.get("matched"),
-        )
-        resp = ChatCompletionResponse(id=ctx.id, model=ctx.model, created=ctx.created, choices=[choice],
-                                      usage=usage_from_meta(meta))
+    def _build_response(self, req: ChatCompletionRequest, ctx: ResponseContext, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        choices = []
+        for i, out in enumerate(outs):
+            meta = out["meta_info"]
+            fr = meta["finish_reason"] or {}
+            choices.append(ChatCompletionChoice(
+                index=i, message=AssistantMessage(content=out["text"]), logprobs=chat_logprobs(ctx, meta),
+                finish_reason=finish_reason_str(fr), matched_stop=fr.get("matched"),
+            ))
+        resp = ChatCompletionResponse(id=ctx.id, model=ctx.model, created=ctx.created, choices=choices,
+                                      usage=usage_of_choices([o["meta_info"] for o in outs]))
         return resp.model_dump()
 
     async def _stream_events(
-        self, req: ChatCompletionRequest, ctx: ResponseContext, outputs: AsyncIterator[dict]
+        self, req: ChatCompletionRequest, ctx: ResponseContext, outputs: AsyncIterator[tuple[int, dict]]
     ) -> AsyncIterator[dict]:
-        def chunk(delta: DeltaMessage, finish: str | None = None, matched: Any = None) -> dict:
-            choice = ChatCompletionStreamChoice(delta=delta, finish_reason=finish, matched_stop=matched)
+        def chunk(index: int, delta: DeltaMessage, finish: str | None = None, matched: Any = None,
+                  logprobs: dict | None = None) -> dict:
+            choice = ChatCompletionStreamChoice(index=index, delta=delta, finish_reason=finish, matched_stop=matched,
+                                                logprobs=logprobs)
             body = ChatCompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model,
                                                 choices=[choice]).model_dump()
             body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
             return body
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        yield chunk(DeltaMessage(role="assistant", content=""))
-        sent = 0
-        async for out in outputs:
-            text = out["text"]
-            if len(text) > sent:
-                yield chunk(DeltaMessage(content=text[sent:]))
-                sent = len(text)
-            fr = out["meta_info"]["finish_reason"]
+        n = max(1, req.n)
+        for i in range(n):
+            yield chunk(i, DeltaMessage(role="assistant", content=""))
+        sent, sent_lp, finals = [0] * n, [0] * n, {}
+        async for i, out in outputs:
+            text, meta = out["text"], out["meta_info"]
+            lps = chat_logprobs(ctx, meta, sent_lp[i])
+            if len(text) > sent[i] or (lps and lps["content"]):
+                yield chunk(i, DeltaMessage(content=text[sent[i]:]), logprobs=lps)
+                sent[i] = max(sent[i], len(text))
+                sent_lp[i] += len(lps["content"]) if lps else 0
+            fr = meta["finish_reason"]
             if fr is not None:
-                yield chunk(DeltaMessage(), finish_reason_str(fr), fr.get("matched"))
-                if include_usage:
-                    usage = usage_from_meta(out["meta_info"])
-                    yield ChatCompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
-                                                       usage=usage).model_dump()
+                finals[i] = meta
+                yield chunk(i, DeltaMessage(), finish_reason_str(fr), fr.get("matched"))
+        if include_usage and len(finals) == n:
+            usage = usage_of_choices([finals[i] for i in range(n)])
+            yield ChatCompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
+                                               usage=usage).model_dump()

@@ -18,9 +18,10 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import (
     OpenAIServingBase,
     ResponseContext,
+    completion_logprobs,
     finish_reason_str,
     sampling_from_request,
-    usage_from_meta,
+    usage_of_choices,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -40,29 +41,38 @@ class OpenAIServingCompletion(OpenAIServingBase):
             created_time=created,
         )
 
-    def _build_response(self, req: CompletionRequest, ctx: ResponseContext, out: dict[str, Any]) -> dict[str, Any]:
-        meta = out["meta_info"]
-        fr = meta["finish_reason"] or {}
-        choice = CompletionChoice(text=out["text"], finish_reason=finish_reason_str(fr), matched_stop=fr.get("matched"))
-        resp = CompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[choice],
-                                  usage=usage_from_meta(meta))
+    def _build_response(self, req: CompletionRequest, ctx: ResponseContext, outs: list[dict[str, Any]]) -> dict[str, Any]:
+        choices = []
+        for i, out in enumerate(outs):
+            fr = out["meta_info"]["finish_reason"] or {}
+            choices.append(CompletionChoice(index=i, text=out["text"], logprobs=completion_logprobs(ctx, out["meta_info"]),
+                                            finish_reason=finish_reason_str(fr), matched_stop=fr.get("matched")))
+        resp = CompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
+                                  usage=usage_of_choices([o["meta_info"] for o in outs]))
         return resp.model_dump()
 
     async def _stream_events(
-        self, req: CompletionRequest, ctx: ResponseContext, outputs: AsyncIterator[dict]
+        self, req: CompletionRequest, ctx: ResponseContext, outputs: AsyncIterator[tuple[int, dict]]
     ) -> AsyncIterator[dict]:
-        """One chunk per new piece of text; the last one carries the finish reason (and its text may be
-        empty), then, with `stream_options.include_usage`, a chunk with the usage and no choices."""
+        """One chunk per new piece of text (per choice index); a choice's last chunk carries its finish
+        reason (its text may be empty); with `stream_options.include_usage`, a final chunk with the
+        usage of all choices and no choices."""
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        sent = 0
-        async for out in outputs:
-            text, fr = out["text"], out["meta_info"]["finish_reason"]
-            if len(text) <= sent and fr is None:
+        n = max(1, req.n)
+        sent, sent_lp, finals = [0] * n, [0] * n, {}
+        async for i, out in outputs:
+            text, meta = out["text"], out["meta_info"]
+            fr = meta["finish_reason"]
+            lps = completion_logprobs(ctx, meta, sent_lp[i], sent[i])
+            if len(text) <= sent[i] and fr is None and not (lps and lps["tokens"]):
                 continue
-            choice = CompletionChoice(text=text[sent:], finish_reason=finish_reason_str(fr),
+            choice = CompletionChoice(index=i, text=text[sent[i]:], logprobs=lps, finish_reason=finish_reason_str(fr),
                                       matched_stop=(fr or {}).get("matched"))
-            sent = max(sent, len(text))
+            sent[i] = max(sent[i], len(text))
+            sent_lp[i] += len(lps["tokens"]) if lps else 0
             yield CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[choice]).model_dump()
-            if fr is not None and include_usage:
-                yield CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
-                                               usage=usage_from_meta(out["meta_info"])).model_dump()
+            if fr is not None:
+                finals[i] = meta
+        if include_usage and len(finals) == n:
+            yield CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
+                                           usage=usage_of_choices([finals[i] for i in range(n)])).model_dump()

@@ -1,0 +1,99 @@
+"""Upstream's sampling parameters through the server (tiny model): n choices, logprobs (chat,
+completions, /generate), penalties, min_new_tokens / min_tokens, sampling_seed."""
+
+from __future__ import annotations
+
+import math
+
+import requests
+
+MSG = [{"role": "user", "content": "Count: one two three"}]
+
+
+def generate(server, **body):
+    r = requests.post(server.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_chat_n_choices_are_distinct_samples_with_summed_usage(client):
+    resp = client.chat.completions.create(model="default", messages=MSG, n=3, max_tokens=8, temperature=1.0, seed=7)
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert len({c.message.content for c in resp.choices}) > 1
+    single = client.chat.completions.create(model="default", messages=MSG, max_tokens=8, temperature=1.0, seed=7)
+    assert resp.choices[0].message.content == single.choices[0].message.content  # copy 0 keeps the seed
+    assert resp.usage.prompt_tokens == single.usage.prompt_tokens
+    assert 3 <= resp.usage.completion_tokens <= 3 * 8  # summed over the choices
+
+
+def test_chat_n_streams_every_choice_to_its_finish(client):
+    stream = client.chat.completions.create(model="default", messages=MSG, n=2, max_tokens=6, temperature=0.8,
+                                            seed=3, stream=True, stream_options={"include_usage": True})
+    text, finished, usage = {0: "", 1: ""}, set(), None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1} and usage is not None and usage.completion_tokens > 0
+    full = client.chat.completions.create(model="default", messages=MSG, n=2, max_tokens=6, temperature=0.8, seed=3)
+    assert [full.choices[i].message.content for i in (0, 1)] == [text[0], text[1]]
+
+
+def test_chat_logprobs_match_greedy_choice_and_are_sorted(client):
+    resp = client.chat.completions.create(model="default", messages=MSG, max_tokens=5, temperature=0,
+                                          logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens == 5
+    for pos in content:
+        assert pos.logprob <= 0.0 and len(pos.top_logprobs) == 3
+        tops = [t.logprob for t in pos.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        assert math.isclose(pos.logprob, tops[0], abs_tol=1e-5)  # greedy: the chosen token is the top one
+    assert "".join(p.token for p in content) == resp.choices[0].message.content
+
+
+def test_completion_logprobs_and_generate_return_logprob_agree(client, server):
+    comp = client.completions.create(model="default", prompt="The sky is", max_tokens=4, temperature=0, logprobs=2,
+                                     extra_body={"ignore_eos": True})
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    gen = generate(server, text="The sky is", return_logprob=True, top_logprobs_num=2,
+                   sampling_params={"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
+    meta = gen["meta_info"]
+    assert [t[1] for t in meta["output_token_logprobs"]] == gen["output_ids"]
+    assert all(math.isclose(a, b[0], abs_tol=1e-5) for a, b in zip(lp.token_logprobs, meta["output_token_logprobs"]))
+    assert all(len(alts) == 2 for alts in meta["output_top_logprobs"])
+
+
+def test_generate_n_and_sampling_seed(server):
+    out = generate(server, text="Once upon", sampling_params={"n": 2, "max_new_tokens": 6, "temperature": 1.0,
+                                                               "sampling_seed": 11})
+    assert isinstance(out, list) and len(out) == 2
+    again = generate(server, text="Once upon", sampling_params={"max_new_tokens": 6, "temperature": 1.0, "seed": 11})
+    assert out[0]["output_ids"] == again["output_ids"]
+
+
+def test_min_new_tokens_holds_back_eos(server):
+    eos_early = generate(server, text="hi", sampling_params={"max_new_tokens": 12, "temperature": 0,
+                                                             "stop_token_ids": [], "min_new_tokens": 0})
+    first = eos_early["output_ids"][0]
+    # make the first greedy token a stop token: without min_new_tokens generation ends at once
+    stopped = generate(server, text="hi", sampling_params={"max_new_tokens": 12, "temperature": 0,
+                                                           "stop_token_ids": [first]})
+    assert stopped["meta_info"]["completion_tokens"] == 1
+    held = generate(server, text="hi", sampling_params={"max_new_tokens": 12, "temperature": 0,
+                                                        "stop_token_ids": [first], "min_new_tokens": 5})
+    assert held["meta_info"]["completion_tokens"] >= 5 and first not in held["output_ids"][:4]
+
+
+def test_penalties_change_greedy_repetition(server):
+    base = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    plain = generate(server, text="a a a a", sampling_params=base)["output_ids"]
+    pen = generate(server, text="a a a a", sampling_params={**base, "frequency_penalty": 2.0,
+                                                            "repetition_penalty": 2.0})["output_ids"]
+    assert len(set(pen)) >= len(set(plain)) and pen != plain
+    present = generate(server, text="a a a a", sampling_params={**base, "presence_penalty": 2.0})["output_ids"]
+    assert len(present) == 24
