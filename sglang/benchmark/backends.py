@@ -1,60 +1,146 @@
-"""Streaming OpenAI-chat client: one POST to /v1/chat/completions with `stream: true` and
-`stream_options.include_usage`, timed chunk by chunk.
+"""Backends: which route each one calls, the request body it sends, and the server queries shared by all.
 
-`sglang-oai-chat` adds SGLang's sampling extensions (`ignore_eos`, `min_tokens`) to the body; `openai-chat`
-sends only fields the OpenAI API defines.
+| backend                                  | route                   | prompt                     | extensions sent              |
+|------------------------------------------|-------------------------|----------------------------|------------------------------|
+| sglang                                   | POST /generate          | `text` or `input_ids`      | sampling_params.ignore_eos   |
+| sglang-oai, vllm                         | POST /v1/completions    | `prompt` (text or ids)     | ignore_eos                   |
+| openai                                   | POST /v1/completions    | `prompt` (text or ids)     | none (OpenAI fields only)    |
+| sglang-oai-chat                          | POST /v1/chat/completions | `messages`               | ignore_eos, min_tokens       |
+| vllm-chat                                | POST /v1/chat/completions | `messages`               | ignore_eos                   |
+| openai-chat                              | POST /v1/chat/completions | `messages`               | none                         |
+
+Every body asks for greedy sampling (`temperature: 0`) and the dataset's output length; streamed OpenAI
+requests set `stream_options.include_usage` so the server reports token counts. `--extra-request-body` is
+merged last (`merge_extra`). Images go as `image_data` (native) or `image_url` parts (chat); the completions
+API has no image field, so image datasets need the `sglang` or a chat backend.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
 
-from sglang.benchmark.datasets import SampleRequest
-from sglang.benchmark.metrics import RequestOutput
+from sglang.benchmark.datasets import SampleRequest, apply_chat_template, image_placeholder
 
-BACKENDS = ("sglang-oai-chat", "openai-chat")
+GENERATE_PATH = "/generate"
+COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
+API_PATHS = {"generate": GENERATE_PATH, "completions": COMPLETIONS_PATH, "chat": CHAT_PATH}
 JSON_HEADERS = {"Content-Type": "application/json"}
 TIMEOUT = aiohttp.ClientTimeout(total=6 * 60 * 60)
 
 
-def build_chat_body(backend: str, model: str, req: SampleRequest, ignore_eos: bool = True) -> dict[str, Any]:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose from {BACKENDS}")
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": req.content()}],
-        "max_tokens": req.output_len,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if backend == "sglang-oai-chat" and ignore_eos:
+@dataclass(frozen=True)
+class Backend:
+    api: str  # generate | completions | chat
+    default_port: int
+    ignore_eos: bool  # sends the ignore_eos extension
+    min_tokens: bool = False  # also sends min_tokens = max_tokens
+
+
+BACKENDS: dict[str, Backend] = {
+    "sglang": Backend("generate", 30000, True),
+    "sglang-oai": Backend("completions", 30000, True),
+    "sglang-oai-chat": Backend("chat", 30000, True, min_tokens=True),
+    "vllm": Backend("completions", 8000, True),
+    "vllm-chat": Backend("chat", 8000, True),
+    "openai": Backend("completions", 30000, False),
+    "openai-chat": Backend("chat", 30000, False),
+}
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; choose from {tuple(BACKENDS)}") from None
+
+
+def api_url(base_url: str, backend: str) -> str:
+    return base_url.rstrip("/") + API_PATHS[get_backend(backend).api]
+
+
+def merge_extra(body: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
+    """`extra` over `body`: top-level keys replace, except that dict values (sampling_params,
+    stream_options, ...) are merged one level deep."""
+    out = dict(body)
+    for k, v in (extra or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = {**out[k], **v}
+        else:
+            out[k] = v
+    return out
+
+
+@dataclass
+class Prompt:
+    """What a non-chat backend sends as the prompt, and its text-token count."""
+    value: str | list[int]
+    text_len: int
+
+
+def prepare_prompt(req: SampleRequest, api: str, tokenizer=None, chat_template: bool = False) -> Prompt:
+    """The prompt of a /generate or /v1/completions request: token ids as they are (`random-ids`), else the
+    text, rendered through the tokenizer's chat template with `--apply-chat-template`, with one image
+    placeholder per image for /generate. Text tokens exclude the image placeholders."""
+    n_img = len(req.images)
+    if n_img and api != "generate":
+        raise ValueError("the completions API takes no images; use --backend sglang or a *-chat backend")
+    if req.prompt_ids is not None and not chat_template:
+        return Prompt(list(req.prompt_ids), len(req.prompt_ids))
+    if not chat_template and not n_img:
+        return Prompt(req.prompt, req.prompt_len)
+    if tokenizer is None:
+        raise ValueError("a tokenizer is needed to add a chat template or image placeholders")
+    if chat_template:
+        text = apply_chat_template(tokenizer, req.prompt, n_img, req.images_first)
+    else:
+        ph = image_placeholder(tokenizer) * n_img
+        text = ph + req.prompt if req.images_first else req.prompt + ph
+    count = len(tokenizer.encode(text, add_special_tokens=False))
+    per_image = len(tokenizer.encode(image_placeholder(tokenizer), add_special_tokens=False)) if n_img else 0
+    return Prompt(text, max(0, count - n_img * per_image))
+
+
+def build_body(backend: str, model: str | None, req: SampleRequest, prompt: Prompt | None = None, *,
+               ignore_eos: bool = True, stream: bool = True, extra: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """The JSON body of one request (`prompt` from `prepare_prompt`, needed for the non-chat APIs)."""
+    b = get_backend(backend)
+    if b.api == "generate":
+        body: dict[str, Any] = {"input_ids" if isinstance(prompt.value, list) else "text": prompt.value}
+        body["sampling_params"] = {"temperature": 0.0, "max_new_tokens": req.output_len, "ignore_eos": ignore_eos}
+        if req.images:
+            body["image_data"] = list(req.images)
+        body["stream"] = stream
+        return merge_extra(body, extra)
+    body = {"model": model}
+    if b.api == "completions":
+        body["prompt"] = prompt.value
+    else:
+        content = req.content() if req.images else req.prompt
+        body["messages"] = [{"role": "user", "content": content}]
+    body.update({"max_tokens": req.output_len, "temperature": 0.0, "stream": stream})
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if b.ignore_eos and ignore_eos:
         body["ignore_eos"] = True
-        body["min_tokens"] = req.output_len
-    return body
+        if b.min_tokens:
+            body["min_tokens"] = req.output_len
+    return merge_extra(body, extra)
 
 
-async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
-    """The `data:` payloads of a server-sent-event stream, `[DONE]` included; comments and blanks skipped.
-    Buffers raw bytes itself so long events are not cut by aiohttp's line-length limit."""
-    buf = b""
-    async for piece in resp.content.iter_any():
-        buf += piece
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            line = line.strip()
-            if line.startswith(b"data:"):
-                yield line[5:].strip().decode("utf-8")
-    line = buf.strip()
-    if line.startswith(b"data:"):
-        yield line[5:].strip().decode("utf-8")
+def build_chat_body(backend: str, model: str, req: SampleRequest, ignore_eos: bool = True) -> dict[str, Any]:
+    """A streamed chat body (kept for callers that only speak the chat API)."""
+    if get_backend(backend).api != "chat":
+        raise ValueError(f"{backend} is not a chat backend")
+    return build_body(backend, model, req, ignore_eos=ignore_eos)
 
 
+# ----------------------------------------------------------------------------- server queries
 def _error_text(obj: Any) -> str:
     err = obj.get("error") if isinstance(obj, dict) else None
     if isinstance(err, dict):
@@ -71,65 +157,20 @@ async def http_error(resp: aiohttp.ClientResponse) -> str:
     return f"HTTP {resp.status}: {detail[:300]}"
 
 
-async def stream_chat(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any] | bytes, prompt_len: int = 0
-) -> RequestOutput:
-    """Send one streaming chat request (`body` as a dict or pre-serialized JSON); never raises for
-    request-level failures (they land in `.error`)."""
-    out = RequestOutput(prompt_len=prompt_len)
-    payload = body if isinstance(body, bytes) else orjson.dumps(body)
-    pieces: list[str] = []
-    first_content = last_content = finish_at = None
-    done = False
-    st = out.start_time = time.perf_counter()
-    last = st
-    try:
-        async with session.post(url, data=payload, headers=JSON_HEADERS) as resp:
-            if resp.status != 200:
-                out.error = await http_error(resp)
-                return out
-            async for data in iter_sse(resp):
-                if data == "[DONE]":
-                    done = True
-                    break
-                now = time.perf_counter()
-                obj = orjson.loads(data)
-                if "error" in obj:
-                    out.error = "stream error: " + _error_text(obj)[:300]
-                    return out
-                for choice in obj.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content") or delta.get("reasoning_content")
-                    if content:
-                        if first_content is None:
-                            first_content = now
-                        else:
-                            out.itl.append(now - last_content)
-                        last_content = now
-                        pieces.append(content)
-                    if choice.get("finish_reason") and finish_at is None:
-                        finish_at = now
-                usage = obj.get("usage")
-                if usage:
-                    out.output_tokens = usage.get("completion_tokens")
-                    out.server_prompt_tokens = usage.get("prompt_tokens")
-                last = now
-    except Exception as e:  # noqa: BLE001 - every transport/parse failure is one failed request
-        out.error = f"{type(e).__name__}: {e}"[:300]
-        return out
-    if not done and finish_at is None:
-        out.error = "stream ended before a finish_reason or [DONE]"
-        return out
-    # An output of only skipped special tokens has no content: time its first token by the finish chunk.
-    first = first_content if first_content is not None else finish_at
-    if first is None:
-        out.error = "stream finished without any choice"
-        return out
-    out.ttft = first - st
-    out.latency = last - st
-    out.generated_text = "".join(pieces)
-    out.success = True
-    return out
+async def iter_sse(resp: aiohttp.ClientResponse):
+    """The `data:` payloads of a server-sent-event stream, `[DONE]` included; comments and blanks skipped.
+    Buffers raw bytes itself so long events are not cut by aiohttp's line-length limit."""
+    buf = b""
+    async for piece in resp.content.iter_any():
+        buf += piece
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode("utf-8")
+    line = buf.strip()
+    if line.startswith(b"data:"):
+        yield line[5:].strip().decode("utf-8")
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
@@ -148,9 +189,18 @@ async def default_model(session: aiohttp.ClientSession, base_url: str) -> str:
 
 
 async def server_model_path(session: aiohttp.ClientSession, base_url: str) -> str | None:
-    """`model_path` from SGLang's /get_model_info, or None where the server has no such route."""
+    """`tokenizer_path`/`model_path` from SGLang's /get_model_info, or None where the server has no such route."""
     try:
         info = await get_json(session, base_url + "/get_model_info")
     except (RuntimeError, aiohttp.ClientError, orjson.JSONDecodeError):
         return None
     return info.get("tokenizer_path") or info.get("model_path")
+
+
+async def flush_cache(session: aiohttp.ClientSession, base_url: str) -> str | None:
+    """POST /flush_cache; None on success, else why it failed (the run goes on)."""
+    try:
+        async with session.post(base_url + "/flush_cache") as resp:
+            return None if resp.status == 200 else await http_error(resp)
+    except aiohttp.ClientError as e:
+        return f"{type(e).__name__}: {e}"

@@ -1,27 +1,34 @@
-"""Serving metrics with vLLM's definitions, and the result block printed the way `vllm bench serve` prints it.
+"""Serving metrics with upstream SGLang's definitions, and its result block.
 
-Per successful request: TTFT = arrival of the first content chunk - request start; ITL = the gaps between
-successive content chunks; E2EL = arrival of the last chunk - request start; TPOT = (E2EL - TTFT) /
-(output_tokens - 1), only for requests with more than one output token. Output token counts come from the
-server's `usage`. Failed requests add nothing but the failure count (and 0 to `output_lens`).
-Throughputs divide by the benchmark duration: completed requests, output tokens, input + output tokens.
+Over the successful requests of a run lasting `duration` seconds:
+- input tokens: text tokens (the client's tokenizer) + vision tokens; a request with images has
+  vision tokens = the server's prompt_tokens - its text tokens (0 where the server reports no usage);
+- output tokens: the server's completion token count (retokenized text where it reports none);
+  "retokenized": the generated text encoded again by the client's tokenizer;
+- throughputs: requests, input, output, input + output tokens, each / duration;
+  concurrency: the sum of the requests' latencies / duration;
+- E2E latency, TTFT, ITL (all gaps of all requests), TPOT = (latency - TTFT) / (output tokens - 1) for requests
+  with more than one output token; mean / median / percentiles in ms, 0 where there is no value.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
-METRICS = ("ttft", "tpot", "itl", "e2el")
-_HEADERS = {
-    "ttft": ("TTFT", "Time to First Token"),
-    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
-    "itl": ("ITL", "Inter-token Latency"),
-    "e2el": ("E2EL", "End-to-end Latency"),
-}
+# The result keys, in upstream's order (tag, when given, goes first).
+RESULT_KEYS = (
+    "backend", "dataset_name", "request_rate", "max_concurrency", "completed", "duration", "total_input_tokens",
+    "total_input_text_tokens", "total_input_vision_tokens", "total_output_tokens",
+    "total_output_tokens_retokenized", "request_throughput", "input_throughput", "output_throughput",
+    "total_throughput", "concurrency", "mean_e2e_latency_ms", "median_e2e_latency_ms", "p90_e2e_latency_ms",
+    "p99_e2e_latency_ms", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "median_itl_ms",
+    "p95_itl_ms", "p99_itl_ms", "max_itl_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+)
+BANNER = "{:=^50}".format(" Serving Benchmark Result ")
 
 
 @dataclass
@@ -31,138 +38,78 @@ class RequestOutput:
     start_time: float = 0.0  # time.perf_counter() when the request was sent
     ttft: float = 0.0  # seconds
     itl: list[float] = field(default_factory=list)  # seconds
-    latency: float = 0.0  # E2EL, seconds
-    output_tokens: int | None = None  # usage.completion_tokens; None when the server sent no usage
-    server_prompt_tokens: int | None = None  # usage.prompt_tokens (image tokens included)
-    prompt_len: int = 0  # dataset text tokens
+    latency: float = 0.0  # E2E latency, seconds
+    output_tokens: int | None = None  # the server's completion token count; None when it sent none
+    server_prompt_tokens: int | None = None  # the server's prompt token count (image tokens included)
+    prompt_len: int = 0  # text tokens counted by the client
     generated_text: str = ""
+    num_images: int = 0
 
 
-@dataclass
-class MetricStats:
-    mean: float = 0.0
-    median: float = 0.0
-    std: float = 0.0
-    percentiles: list[tuple[float, float]] = field(default_factory=list)
-
-    @classmethod
-    def of_seconds(cls, values: list[float], percentiles: Iterable[float]) -> "MetricStats":
-        arr = np.asarray(values or [0.0], dtype=np.float64) * 1000.0
-        return cls(float(arr.mean()), float(np.median(arr)), float(arr.std()),
-                   [(float(p), float(np.percentile(arr, p))) for p in percentiles])
-
-
-@dataclass
-class BenchmarkMetrics:
-    completed: int
-    failed: int
-    duration: float
-    total_input: int
-    total_output: int
-    request_throughput: float
-    output_throughput: float
-    total_token_throughput: float
-    max_output_tokens_per_s: float
-    max_concurrent_requests: int
-    stats: dict[str, MetricStats]
-    output_lens: list[int]
-
-    def to_dict(self) -> dict:
-        out = {
-            "completed": self.completed, "failed": self.failed, "duration": self.duration,
-            "total_input_tokens": self.total_input, "total_output_tokens": self.total_output,
-            "request_throughput": self.request_throughput, "output_throughput": self.output_throughput,
-            "total_token_throughput": self.total_token_throughput,
-            "max_output_tokens_per_s": self.max_output_tokens_per_s,
-            "max_concurrent_requests": self.max_concurrent_requests,
-        }
-        for name, s in self.stats.items():
-            out[f"mean_{name}_ms"], out[f"median_{name}_ms"], out[f"std_{name}_ms"] = s.mean, s.median, s.std
-            for p, v in s.percentiles:
-                out[f"p{_p_word(p)}_{name}_ms"] = v
-        return out
-
-
-def _p_word(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
+def _stats(values: list[float], kinds: tuple[str, ...]) -> dict[str, float]:
+    if not values:
+        return {k: 0.0 for k in kinds}
+    arr = np.asarray(values, dtype=np.float64) * 1000.0
+    out = {}
+    for k in kinds:
+        if k == "mean":
+            out[k] = float(arr.mean())
+        elif k == "median":
+            out[k] = float(np.median(arr))
+        elif k == "max":
+            out[k] = float(arr.max())
+        else:
+            out[k] = float(np.percentile(arr, float(k[1:])))
+    return out
 
 
 def output_len_of(o: RequestOutput, count_tokens: Callable[[str], int] | None = None) -> int:
     if o.output_tokens is not None:
         return int(o.output_tokens)
-    # No usage from the server: retokenize the text, or fall back to one token per content chunk.
     if count_tokens is not None:
         return count_tokens(o.generated_text)
     return len(o.itl) + 1 if o.generated_text else 0
 
 
-def _peaks(ok: list[RequestOutput]) -> tuple[float, int]:
-    """Highest content chunks per wall-clock second and highest requests in flight per second."""
-    if not ok:
-        return 0.0, 0
-    t0 = min(o.start_time for o in ok)
-    seconds = int(np.ceil(max(o.start_time + o.latency for o in ok) - t0)) + 1
-    tokens = np.zeros(seconds)
-    running = np.zeros(seconds, dtype=np.int64)
-    for o in ok:
-        t = o.start_time + o.ttft
-        stamps = [t]
-        for gap in o.itl:
-            t += gap
-            stamps.append(t)
-        for s in stamps:
-            b = int(s - t0)
-            if 0 <= b < seconds:
-                tokens[b] += 1
-        running[int(o.start_time - t0): int(o.start_time + o.latency - t0) + 1] += 1
-    return float(tokens.max()), int(running.max())
+def vision_tokens_of(o: RequestOutput) -> int:
+    if not o.num_images or o.server_prompt_tokens is None:
+        return 0
+    return max(0, int(o.server_prompt_tokens) - o.prompt_len)
 
 
-def calculate_metrics(
-    outputs: list[RequestOutput],
-    duration: float,
-    percentiles: Iterable[float] = (99.0,),
-    selected: Iterable[str] = METRICS,
-    count_tokens: Callable[[str], int] | None = None,
-) -> BenchmarkMetrics:
-    percentiles = list(percentiles)
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    itls: list[float] = []
-    e2els: list[float] = []
-    output_lens: list[int] = []
-    total_input = completed = 0
-    for o in outputs:
-        if not o.success:
-            output_lens.append(0)
-            continue
-        n = output_len_of(o, count_tokens)
-        output_lens.append(n)
-        total_input += o.prompt_len
-        if n > 1:
-            tpots.append((o.latency - o.ttft) / (n - 1))
-        itls.extend(o.itl)
-        ttfts.append(o.ttft)
-        e2els.append(o.latency)
-        completed += 1
-    total_output = sum(output_lens)
-    values = {"ttft": ttfts, "tpot": tpots, "itl": itls, "e2el": e2els}
-    peak_tokens, peak_running = _peaks([o for o in outputs if o.success])
+def calculate_metrics(outputs: list[RequestOutput], duration: float,
+                      count_tokens: Callable[[str], int] | None = None) -> dict[str, Any]:
+    """The metric part of the result (every RESULT_KEYS entry from `completed` on), plus `output_lens`
+    (0 for failed requests) and `failed`, which the result record does not keep."""
+    ok = [o for o in outputs if o.success]
+    output_lens = [output_len_of(o, count_tokens) if o.success else 0 for o in outputs]
+    ok_lens = [n for n, o in zip(output_lens, outputs) if o.success]
+    text = sum(o.prompt_len for o in ok)
+    vision = sum(vision_tokens_of(o) for o in ok)
+    total_output = sum(ok_lens)
+    if count_tokens is not None:
+        retok = sum(count_tokens(o.generated_text) for o in ok)
+    else:
+        retok = total_output
     dur = duration if duration > 0 else float("nan")
-    return BenchmarkMetrics(
-        completed=completed,
-        failed=len(outputs) - completed,
-        duration=duration,
-        total_input=total_input,
-        total_output=total_output,
-        request_throughput=completed / dur,
-        output_throughput=total_output / dur,
-        total_token_throughput=(total_input + total_output) / dur,
-        max_output_tokens_per_s=peak_tokens,
-        max_concurrent_requests=peak_running,
-        stats={m: MetricStats.of_seconds(values[m], percentiles) for m in METRICS if m in set(selected)},
-        output_lens=output_lens,
-    )
+    e2e = [o.latency for o in ok]
+    tpots = [(o.latency - o.ttft) / (n - 1) for o, n in zip(ok, ok_lens) if n > 1]
+    m: dict[str, Any] = {
+        "completed": len(ok), "duration": duration, "total_input_tokens": text + vision,
+        "total_input_text_tokens": text, "total_input_vision_tokens": vision, "total_output_tokens": total_output,
+        "total_output_tokens_retokenized": retok, "request_throughput": len(ok) / dur,
+        "input_throughput": (text + vision) / dur, "output_throughput": total_output / dur,
+        "total_throughput": (text + vision + total_output) / dur, "concurrency": sum(e2e) / dur,
+    }
+    for name, values, kinds in (("e2e_latency", e2e, ("mean", "median", "p90", "p99")),
+                                ("ttft", [o.ttft for o in ok], ("mean", "median", "p99")),
+                                ("itl", [g for o in ok for g in o.itl], ("mean", "median", "p95", "p99", "max")),
+                                ("tpot", tpots, ("mean", "median", "p99"))):
+        for k, v in _stats(values, kinds).items():
+            m[f"{k}_{name}_ms"] = v
+    m["output_lens"] = output_lens
+    m["failed"] = len(outputs) - len(ok)
+    return m
 
 
 def summarize_errors(outputs: list[RequestOutput], width: int = 200) -> list[tuple[int, str]]:
@@ -171,31 +118,63 @@ def summarize_errors(outputs: list[RequestOutput], width: int = 200) -> list[tup
     return [(n, msg) for msg, n in counts.most_common()]
 
 
-def format_result(m: BenchmarkMetrics, max_concurrency: int | None = None, request_rate: float = float("inf")) -> str:
-    def kv(label: str, value, fmt: str = "") -> str:
-        return f"{label:<40} {value:<10{fmt}}"
+def format_errors(outputs: list[RequestOutput], first: int = 5) -> str:
+    rows = summarize_errors(outputs)
+    if not rows:
+        return ""
+    total = sum(n for n, _ in rows)
+    lines = [f"{total} of {len(outputs)} request(s) failed; first error messages:"]
+    lines += [f"  {n:>5} x {msg}" for n, msg in rows[:first]]
+    if len(rows) > first:
+        lines.append(f"  ... and {len(rows) - first} other message(s)")
+    return "\n".join(lines)
 
-    lines = [f"{' Serving Benchmark Result ':=^50}", kv("Successful requests:", m.completed),
-             kv("Failed requests:", m.failed)]
-    if max_concurrency is not None:
-        lines.append(kv("Maximum request concurrency:", max_concurrency))
-    if request_rate != float("inf"):
-        lines.append(kv("Request rate configured (RPS):", request_rate, ".2f"))
-    lines += [
-        kv("Benchmark duration (s):", m.duration, ".2f"),
-        kv("Total input tokens:", m.total_input),
-        kv("Total generated tokens:", m.total_output),
-        kv("Request throughput (req/s):", m.request_throughput, ".2f"),
-        kv("Output token throughput (tok/s):", m.output_throughput, ".2f"),
-        kv("Peak output token throughput (tok/s):", m.max_output_tokens_per_s, ".2f"),
-        kv("Peak concurrent requests:", float(m.max_concurrent_requests), ".2f"),
-        kv("Total Token throughput (tok/s):", m.total_token_throughput, ".2f"),
+
+def format_result(m: dict[str, Any], backend: str, request_rate: float, max_concurrency: int | None) -> str:
+    """The block upstream prints: `{:<40} {:<10}` columns, floats with two decimals."""
+    def kv(label: str, value) -> str:
+        return "{:<40} {:<10.2f}".format(label, value) if isinstance(value, float) else "{:<40} {:<10}".format(
+            label, value)
+
+    def ms(label: str, key: str) -> str:
+        return kv(label, float(m[key]))
+
+    lines = [
+        BANNER,
+        kv("Backend:", backend),
+        kv("Traffic request rate:", "inf" if request_rate == float("inf") else str(request_rate)),
+        kv("Max request concurrency:", max_concurrency if max_concurrency else "not set"),
+        kv("Successful requests:", m["completed"]),
+        kv("Benchmark duration (s):", float(m["duration"])),
+        kv("Total input tokens:", m["total_input_tokens"]),
+        kv("Total input text tokens:", m["total_input_text_tokens"]),
+        kv("Total input vision tokens:", m["total_input_vision_tokens"]),
+        kv("Total generated tokens:", m["total_output_tokens"]),
+        kv("Total generated tokens (retokenized):", m["total_output_tokens_retokenized"]),
+        kv("Request throughput (req/s):", float(m["request_throughput"])),
+        kv("Input token throughput (tok/s):", float(m["input_throughput"])),
+        kv("Output token throughput (tok/s):", float(m["output_throughput"])),
+        kv("Total token throughput (tok/s):", float(m["total_throughput"])),
+        kv("Concurrency:", float(m["concurrency"])),
+        "{:-^50}".format("End-to-End Latency"),
+        ms("Mean E2E Latency (ms):", "mean_e2e_latency_ms"),
+        ms("Median E2E Latency (ms):", "median_e2e_latency_ms"),
+        ms("P90 E2E Latency (ms):", "p90_e2e_latency_ms"),
+        ms("P99 E2E Latency (ms):", "p99_e2e_latency_ms"),
+        "{:-^50}".format("Time to First Token"),
+        ms("Mean TTFT (ms):", "mean_ttft_ms"),
+        ms("Median TTFT (ms):", "median_ttft_ms"),
+        ms("P99 TTFT (ms):", "p99_ttft_ms"),
+        "{:-^50}".format("Inter-Token Latency"),
+        ms("Mean ITL (ms):", "mean_itl_ms"),
+        ms("Median ITL (ms):", "median_itl_ms"),
+        ms("P95 ITL (ms):", "p95_itl_ms"),
+        ms("P99 ITL (ms):", "p99_itl_ms"),
+        ms("Max ITL (ms):", "max_itl_ms"),
+        "{:-^50}".format("Time per Output Token (excl. 1st token)"),
+        ms("Mean TPOT (ms):", "mean_tpot_ms"),
+        ms("Median TPOT (ms):", "median_tpot_ms"),
+        ms("P99 TPOT (ms):", "p99_tpot_ms"),
+        "=" * 50,
     ]
-    for name, s in m.stats.items():
-        short, header = _HEADERS[name]
-        lines.append(f"{header:-^50}")
-        lines.append(kv(f"Mean {short} (ms):", s.mean, ".2f"))
-        lines.append(kv(f"Median {short} (ms):", s.median, ".2f"))
-        lines += [kv(f"P{_p_word(p)} {short} (ms):", v, ".2f") for p, v in s.percentiles]
-    lines.append("=" * 50)
     return "\n".join(lines)

@@ -1,14 +1,14 @@
 """Synthetic multimodal datasets for the serving benchmark.
 
-- `random-mm` follows `vllm bench serve --dataset-name random-mm`: text lengths drawn uniformly from
-  [floor(n*(1-r)), ceil(n*(1+r))] (output length at least 1), a shared random prefix, a per-request item
+- `random-mm` follows `vllm bench serve --dataset-name random-mm`: a shared random prefix, a per-request item
   count drawn from [floor(b*(1-r_mm)), ceil(b*(1+r_mm))] capped by the per-prompt limits, each item's
   (H, W, T) bucket drawn from the normalized bucket probabilities, uniform-noise JPEG images; text first.
 - `image` follows sglang's image dataset: `--image-count` images (uniform in [1, count] with
   `--random-image-count`) of one resolution, format and content; images first.
 
-Prompt lengths count text tokens only (prefix included), the way vLLM counts them; the server's own prompt
-token count (with image tokens) comes back in `usage` and is recorded separately by the runner.
+Text lengths follow vLLM's rule for `random-mm` and SGLang's for `image` (see `common`); prompt lengths count
+text tokens only (prefix included). The server's prompt token count (image tokens included) comes back in
+`usage`; the metrics take the difference as the vision tokens.
 """
 
 from __future__ import annotations
@@ -18,33 +18,16 @@ import base64
 import io
 import json
 import math
-import re
-import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+
+from sglang.benchmark.datasets.common import RandomText, SampleRequest, TextLenConfig, len_range, random_texts
 
 DEFAULT_BUCKETS: dict[tuple[int, int, int], float] = {(256, 256, 1): 0.5, (720, 1280, 1): 0.5, (720, 1280, 16): 0.0}
 DEFAULT_LIMIT_MM = {"image": 255, "video": 0}
 RESOLUTIONS = {"4k": (2160, 3840), "1080p": (1080, 1920), "720p": (720, 1280), "360p": (360, 640)}
 IMAGE_FORMATS = ("jpeg", "png")
-
-
-@dataclass
-class SampleRequest:
-    prompt: str
-    prompt_len: int  # text tokens, prefix included
-    output_len: int
-    images: list[str] = field(default_factory=list)  # data URLs
-    image_sizes: list[tuple[int, int]] = field(default_factory=list)  # (H, W) per image
-    images_first: bool = False
-
-    def content(self) -> list[dict[str, Any]]:
-        """OpenAI chat content parts in the dataset's order."""
-        text = [{"type": "text", "text": self.prompt}]
-        imgs = [{"type": "image_url", "image_url": {"url": u}} for u in self.images]
-        return imgs + text if self.images_first else text + imgs
 
 
 # ----------------------------------------------------------------------------- config parsing
@@ -87,10 +70,6 @@ def parse_image_resolution(spec: str) -> tuple[int, int]:
     raise ValueError(f"image resolution must be one of {sorted(RESOLUTIONS)} or HxW, got {spec!r}")
 
 
-def len_range(n: int, ratio: float) -> tuple[int, int]:
-    return math.floor(n * (1 - ratio)), math.ceil(n * (1 + ratio))
-
-
 # ----------------------------------------------------------------------------- images
 def encode_image(pixels: np.ndarray, fmt: str = "jpeg") -> str:
     """HxWx3 uint8 -> data URL."""
@@ -114,103 +93,6 @@ def make_image(rng: np.random.Generator, height: int, width: int, content: str =
     return encode_image(pixels, fmt)
 
 
-# ----------------------------------------------------------------------------- text
-_CONTROL = re.compile(r"^<\|.*\|>$", re.S)
-_USABLE_IDS: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
-
-
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
-
-
-def usable_token_ids(tokenizer) -> np.ndarray:
-    """Ids of the real vocabulary that decode to text re-encoding to exactly themselves.
-
-    This drops special and added tokens, `<|...|>` control/reserved entries and byte fragments of multi-byte
-    characters, so random text built from these ids is stable under decode/encode. Cached per tokenizer."""
-    try:
-        return _USABLE_IDS[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids = [i for i in range(int(tokenizer.vocab_size)) if i not in special]
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        texts = backend.decode_batch([[i] for i in ids], skip_special_tokens=False)
-    else:
-        texts = [tokenizer.decode([i]) for i in ids]
-    # Reserved fillers (e.g. `<|reserved_42|>`) never round-trip; skipping them before encoding saves seconds.
-    kept = [(i, t) for i, t in zip(ids, texts) if not _CONTROL.match(t)]
-    ids, texts = [i for i, _ in kept], [t for _, t in kept]
-    if backend is not None:
-        encoded = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
-    else:
-        encoded = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    usable = np.array([i for i, e in zip(ids, encoded) if e == [i]], dtype=np.int64)
-    if usable.size == 0:
-        raise ValueError("the tokenizer has no token that survives decode/encode")
-    try:
-        _USABLE_IDS[tokenizer] = usable
-    except TypeError:
-        pass
-    return usable
-
-
-class RandomText:
-    """Random text of an exact token length: sample real-vocabulary ids, decode, re-encode, then trim or
-    extend the body until the re-encoded text has the requested length."""
-
-    MAX_ROUNDS = 32
-
-    def __init__(self, tokenizer, rng: np.random.Generator):
-        self.tokenizer = tokenizer
-        self.rng = rng
-        self.vocab = usable_token_ids(tokenizer)
-
-    def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _sample(self, n: int) -> list[int]:
-        return self.rng.choice(self.vocab, size=max(0, n)).tolist()
-
-    def make(self, n: int, prefix: str = "") -> tuple[str, int]:
-        """`prefix` + random body whose whole text encodes to count(prefix) + n tokens.
-        Returns (text, token count); the count is exact unless the loop fails to converge."""
-        target = self.count(prefix) + n
-        body = self._sample(n)
-        text, got = prefix, target - n
-        for _ in range(self.MAX_ROUNDS):
-            text = prefix + self.tokenizer.decode(body)
-            got = self.count(text)
-            if got == target:
-                break
-            if got > target:
-                body = body[: max(0, len(body) - (got - target))]
-            else:
-                body = body + self._sample(target - got)
-        return text, got
-
-
-# ----------------------------------------------------------------------------- datasets
-@dataclass(frozen=True)
-class TextLenConfig:
-    input_len: int = 1024
-    output_len: int = 128
-    prefix_len: int = 0
-    range_ratio: float = 0.0
-
-    def sample(self, rng: np.random.Generator, num: int) -> tuple[list[int], list[int]]:
-        if not 0.0 <= self.range_ratio < 1.0:
-            raise ValueError(f"random-range-ratio must be in [0, 1), got {self.range_ratio}")
-        in_lo, in_hi = len_range(self.input_len, self.range_ratio)
-        out_lo, out_hi = len_range(self.output_len, self.range_ratio)
-        inputs = rng.integers(max(0, in_lo), in_hi + 1, size=num)
-        outputs = rng.integers(max(1, out_lo), max(1, out_hi) + 1, size=num)
-        return inputs.tolist(), outputs.tolist()
-
-
 @dataclass(frozen=True)
 class RandomMMConfig:
     text: TextLenConfig = TextLenConfig()
@@ -228,16 +110,6 @@ class ImageDatasetConfig:
     image_resolution: str = "1080p"
     image_format: str = "jpeg"
     image_content: str = "random"
-
-
-def _texts(gen: RandomText, cfg: TextLenConfig, rng: np.random.Generator, num: int, progress: bool):
-    from tqdm import tqdm
-
-    prefix, _ = gen.make(cfg.prefix_len) if cfg.prefix_len > 0 else ("", 0)
-    in_lens, out_lens = cfg.sample(rng, num)
-    for n, out in tqdm(list(zip(in_lens, out_lens)), desc="dataset", disable=not progress):
-        text, got = gen.make(n, prefix)
-        yield text, got, out
 
 
 def sample_random_mm(
@@ -260,7 +132,7 @@ def sample_random_mm(
     probs = np.array([buckets[k] for k in keys])
     gen = RandomText(tokenizer, rng)
     out = []
-    for text, plen, olen in _texts(gen, cfg.text, rng, num, progress):
+    for text, plen, olen in random_texts(gen, cfg.text, rng, num, progress):
         k = int(rng.integers(lo, hi + 1))
         picks = rng.choice(len(keys), size=k, p=probs) if k else []
         sizes = [(keys[i][0], keys[i][1]) for i in picks]
@@ -281,7 +153,7 @@ def sample_image_dataset(
         raise ValueError(f"image-count must be at least 1, got {cfg.image_count}")
     gen = RandomText(tokenizer, rng)
     out = []
-    for text, plen, olen in _texts(gen, cfg.text, rng, num, progress):
+    for text, plen, olen in random_texts(gen, cfg.text, rng, num, progress):
         k = int(rng.integers(1, cfg.image_count + 1)) if cfg.random_image_count else cfg.image_count
         images = [make_image(rng, h, w, cfg.image_content, fmt) for _ in range(k)]
         out.append(SampleRequest(text, plen, olen, images, [(h, w)] * k, images_first=True))
