@@ -151,7 +151,7 @@ class TextLenConfig:
         if self.rule != "vllm":
             raise DatasetError(f"unknown length rule {self.rule!r}; choose from {LEN_RULES}")
         if not 0.0 <= self.range_ratio < 1.0:
-            raise ValueError(f"random-range-ratio must be in [0, 1), got {self.range_ratio}")
+            raise DatasetError(f"--random-range-ratio must be in [0, 1) under vLLM's rule (random-mm), got {self.range_ratio}")
         in_lo, in_hi = len_range(self.input_len, self.range_ratio)
         out_lo, out_hi = len_range(self.output_len, self.range_ratio)
         inputs = rng.integers(max(0, in_lo), in_hi + 1, size=num)

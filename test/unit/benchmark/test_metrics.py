@@ -1,95 +1,126 @@
-"""Metric arithmetic on synthetic timings (hand-computed), the result block layout, and arrival schedules."""
+"""Metric arithmetic on synthetic timings (hand-computed), the result block's labels and order, the result
+record's keys, error summaries, and arrival schedules."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from sglang.benchmark.metrics import RequestOutput, calculate_metrics, format_result, summarize_errors
-from sglang.benchmark.runner import arrival_offsets
+from sglang.benchmark.metrics import (RESULT_KEYS, RequestOutput, calculate_metrics, format_errors, format_result,
+                                      summarize_errors)
+from sglang.benchmark.runner import arrival_offsets, result_record
+
+BLOCK_LABELS = [
+    "Backend:", "Traffic request rate:", "Max request concurrency:", "Successful requests:",
+    "Benchmark duration (s):", "Total input tokens:", "Total input text tokens:", "Total input vision tokens:",
+    "Total generated tokens:", "Total generated tokens (retokenized):", "Request throughput (req/s):",
+    "Input token throughput (tok/s):", "Output token throughput (tok/s):", "Total token throughput (tok/s):",
+    "Concurrency:", "-End-to-End Latency-", "Mean E2E Latency (ms):", "Median E2E Latency (ms):",
+    "P90 E2E Latency (ms):", "P99 E2E Latency (ms):", "-Time to First Token-", "Mean TTFT (ms):",
+    "Median TTFT (ms):", "P99 TTFT (ms):", "-Inter-Token Latency-", "Mean ITL (ms):", "Median ITL (ms):",
+    "P95 ITL (ms):", "P99 ITL (ms):", "Max ITL (ms):", "-Time per Output Token (excl. 1st token)-",
+    "Mean TPOT (ms):", "Median TPOT (ms):", "P99 TPOT (ms):",
+]
 
 
 def _outputs() -> list[RequestOutput]:
     return [
-        RequestOutput(True, "", 100.0, 0.1, [0.02, 0.03, 0.05], 0.2, 4, 900, 10, "a b c d"),
-        RequestOutput(True, "", 100.05, 0.3, [], 0.3, 1, 900, 20, "a"),  # single token: no TPOT
-        RequestOutput(False, "HTTP 400: bad image", 100.1, 0.0, [], 0.0, None, None, 30),
-        RequestOutput(True, "", 101.2, 0.2, [0.1], 0.5, 2, 900, 5, "a b"),
+        RequestOutput(True, "", 100.0, 0.1, [0.02, 0.03, 0.05], 0.2, 4, 900, 10, "a b c d", num_images=1),
+        RequestOutput(True, "", 100.05, 0.3, [], 0.3, 1, 900, 20, "a"),  # single token: no TPOT; no images
+        RequestOutput(False, "HTTP 400: bad image", 100.1, 0.0, [], 0.0, None, None, 30, num_images=2),
+        RequestOutput(True, "", 101.2, 0.2, [0.1], 0.5, 2, None, 5, "a b", num_images=1),  # no usage
     ]
 
 
+def _words(text: str) -> int:
+    return len(text.split())
+
+
 def test_hand_computed_metrics():
-    m = calculate_metrics(_outputs(), duration=2.0, percentiles=[50, 99])
-    assert (m.completed, m.failed) == (3, 1)
-    assert (m.total_input, m.total_output) == (35, 7)  # failed requests add no input tokens
-    assert m.output_lens == [4, 1, 0, 2]
-    assert m.request_throughput == pytest.approx(1.5)
-    assert m.output_throughput == pytest.approx(3.5)
-    assert m.total_token_throughput == pytest.approx(21.0)
-
-    ttft, tpot, itl, e2el = (m.stats[k] for k in ("ttft", "tpot", "itl", "e2el"))
-    assert (ttft.mean, ttft.median, ttft.std) == pytest.approx((200.0, 200.0, np.sqrt(20000 / 3)))
-    assert dict(ttft.percentiles) == pytest.approx({50.0: 200.0, 99.0: 298.0})
+    m = calculate_metrics(_outputs(), duration=2.0, count_tokens=_words)
+    assert (m["completed"], m["failed"], m["duration"]) == (3, 1, 2.0)
+    # Vision tokens: only requests with images and a server prompt count: 900 - 10.
+    assert (m["total_input_text_tokens"], m["total_input_vision_tokens"], m["total_input_tokens"]) == (35, 890, 925)
+    assert (m["total_output_tokens"], m["total_output_tokens_retokenized"]) == (7, 7)
+    assert m["output_lens"] == [4, 1, 0, 2]
+    assert m["request_throughput"] == pytest.approx(1.5)
+    assert m["input_throughput"] == pytest.approx(462.5)
+    assert m["output_throughput"] == pytest.approx(3.5)
+    assert m["total_throughput"] == pytest.approx(466.0)
+    assert m["concurrency"] == pytest.approx(0.5)  # (0.2 + 0.3 + 0.5) / 2
+    assert [m[f"{k}_e2e_latency_ms"] for k in ("mean", "median", "p90", "p99")] == pytest.approx(
+        [1000 / 3, 300.0, 460.0, 496.0])
+    assert [m[f"{k}_ttft_ms"] for k in ("mean", "median", "p99")] == pytest.approx([200.0, 200.0, 298.0])
+    assert [m[f"{k}_itl_ms"] for k in ("mean", "median", "p95", "p99", "max")] == pytest.approx(
+        [50.0, 40.0, 92.5, 98.5, 100.0])
     # TPOT: (200 - 100) / 3 for the 4-token request, (500 - 200) / 1 for the 2-token one.
-    assert (tpot.mean, tpot.median) == pytest.approx((500 / 3, 500 / 3))
-    assert dict(tpot.percentiles)[99.0] == pytest.approx(100 / 3 + 0.99 * (300 - 100 / 3))
-    assert (itl.mean, itl.median, dict(itl.percentiles)[99.0]) == pytest.approx((50.0, 40.0, 98.5))
-    assert (e2el.mean, e2el.median, dict(e2el.percentiles)[99.0]) == pytest.approx((1000 / 3, 300.0, 496.0))
-    # Content chunks per wall-clock second: 5 in [100, 101), 2 in [101, 102); requests alive per second: 2.
-    assert (m.max_output_tokens_per_s, m.max_concurrent_requests) == (5.0, 2)
-
-    d = m.to_dict()
-    assert d["p99_ttft_ms"] == pytest.approx(298.0) and d["median_itl_ms"] == pytest.approx(40.0)
-    assert d["completed"] == 3 and d["total_output_tokens"] == 7 and "std_e2el_ms" in d and "p50_tpot_ms" in d
+    tpot = [100 / 3, 300.0]
+    assert [m[f"{k}_tpot_ms"] for k in ("mean", "median", "p99")] == pytest.approx(
+        [np.mean(tpot), np.median(tpot), np.percentile(tpot, 99)])
+    assert set(RESULT_KEYS[4:]) <= set(m)
 
 
-def test_only_single_token_outputs_give_zero_tpot():
-    outs = [RequestOutput(True, "", 0.0, 0.05, [], 0.05, 1, None, 3, "x") for _ in range(3)]
-    m = calculate_metrics(outs, duration=1.0)
-    assert m.stats["tpot"].mean == 0.0 and m.stats["itl"].mean == 0.0
-    assert m.stats["ttft"].mean == pytest.approx(50.0) and m.total_output == 3
-
-
-def test_missing_usage_falls_back_to_tokenizer_or_chunks():
+def test_output_tokens_fall_back_to_retokenized_text_and_retokenized_differs():
     o = RequestOutput(True, "", 0.0, 0.1, [0.1, 0.1], 0.3, None, None, 1, "one two three four")
-    assert calculate_metrics([o], 1.0).total_output == 3  # one token per content chunk
-    assert calculate_metrics([o], 1.0, count_tokens=lambda t: len(t.split())).total_output == 4
+    assert calculate_metrics([o], 1.0)["total_output_tokens"] == 3  # one token per chunk without a tokenizer
+    m = calculate_metrics([o], 1.0, count_tokens=_words)
+    assert m["total_output_tokens"] == m["total_output_tokens_retokenized"] == 4
+    o.output_tokens = 6
+    m = calculate_metrics([o], 1.0, count_tokens=_words)
+    assert (m["total_output_tokens"], m["total_output_tokens_retokenized"]) == (6, 4)
 
 
-def test_all_failed():
+def test_all_failed_gives_zeros():
     outs = [RequestOutput(False, "boom"), RequestOutput(False, "boom"), RequestOutput(False, "")]
     m = calculate_metrics(outs, duration=1.0)
-    assert (m.completed, m.failed, m.total_output, m.request_throughput) == (0, 3, 0, 0.0)
-    assert m.stats["ttft"].mean == 0.0
+    assert (m["completed"], m["failed"], m["total_output_tokens"], m["request_throughput"]) == (0, 3, 0, 0.0)
+    assert m["mean_ttft_ms"] == m["max_itl_ms"] == m["p99_tpot_ms"] == 0.0
     assert summarize_errors(outs) == [(2, "boom"), (1, "unknown error")]
-    assert "Successful requests:                     0" in format_result(m)
+    text = format_errors(outs, first=1)
+    assert text.splitlines() == ["3 of 3 request(s) failed; first error messages:", "      2 x boom",
+                                 "  ... and 1 other message(s)"]
+    assert "{:<40} {:<10}".format("Successful requests:", 0) in format_result(m, "sglang", 1.0, None)
 
 
-def test_result_block_layout():
-    m = calculate_metrics(_outputs(), duration=2.0)
-    lines = format_result(m, max_concurrency=4, request_rate=8.0).splitlines()
+def test_result_block_labels_order_and_columns():
+    m = calculate_metrics(_outputs(), duration=2.0, count_tokens=_words)
+    lines = format_result(m, "sglang-oai-chat", float("inf"), 4).splitlines()
     assert lines[0] == "============ Serving Benchmark Result ============"
-    assert lines[1] == "Successful requests:                     3         "
-    assert lines[2] == "Failed requests:                         1         "
-    assert lines[3] == "Maximum request concurrency:             4         "
-    assert lines[4] == "Request rate configured (RPS):           8.00      "
-    assert "Benchmark duration (s):                  2.00      " in lines
-    assert "Total input tokens:                      35        " in lines
-    assert "Total generated tokens:                  7         " in lines
-    assert "Request throughput (req/s):              1.50      " in lines
-    assert "Output token throughput (tok/s):         3.50      " in lines
-    assert "Total Token throughput (tok/s):          21.00     " in lines
-    i = lines.index("---------------Time to First Token----------------")
-    assert lines[i + 1: i + 4] == ["Mean TTFT (ms):                          200.00    ",
-                                   "Median TTFT (ms):                        200.00    ",
-                                   "P99 TTFT (ms):                           298.00    "]
-    for header in ("-----Time per Output Token (excl. 1st token)------", "---------------Inter-token Latency----------------",
-                   "----------------End-to-end Latency----------------"):
-        assert header in lines
     assert lines[-1] == "=" * 50
-    only = format_result(calculate_metrics(_outputs(), 2.0, [90, 99.9], selected=["ttft"]))
-    assert "P90 TTFT (ms):" in only and "P99.9 TTFT (ms):" in only and "TPOT" not in only
-    assert "Maximum request concurrency" not in only and "Request rate configured" not in only
+    body = lines[1:-1]
+    assert len(body) == len(BLOCK_LABELS)
+    for line, label in zip(body, BLOCK_LABELS):
+        if label.startswith("-"):
+            assert line == "{:-^50}".format(label.strip("-")), line
+        else:
+            assert line.startswith(label) and line[40] == " " and len(line) >= 51, line
+    assert body[0] == "{:<40} {:<10}".format("Backend:", "sglang-oai-chat")
+    assert body[1] == "Traffic request rate:                    inf       "
+    assert body[2] == "Max request concurrency:                 4         "
+    assert body[3] == "Successful requests:                     3         "
+    assert body[4] == "Benchmark duration (s):                  2.00      "
+    assert body[5] == "Total input tokens:                      925       "
+    assert body[7] == "Total input vision tokens:               890       "
+    assert body[14] == "Concurrency:                             0.50      "
+    assert body[21] == "Mean TTFT (ms):                          200.00    "
+    other = format_result(m, "sglang", 8.0, None).splitlines()
+    assert other[2] == "Traffic request rate:                    8.0       "
+    assert other[3] == "Max request concurrency:                 not set   "
+
+
+def test_result_record_keys_in_upstream_order():
+    m = calculate_metrics(_outputs(), duration=2.0)
+    args = {"backend": "sglang", "dataset_name": "random", "request_rate": float("inf"), "max_concurrency": 8,
+            "tag": "run-a", "random_input_len": 24, "random_output_len": 5, "random_range_ratio": 1.0,
+            "sharegpt_output_len": None}
+    rec = result_record(args, m)
+    keys = list(rec)
+    assert keys[0] == "tag" and keys[1:1 + len(RESULT_KEYS)] == list(RESULT_KEYS)
+    assert rec["tag"] == "run-a" and rec["request_rate"] == "inf" and rec["max_concurrency"] == 8
+    assert "ttfts" not in rec and "failed" not in rec
+    assert "tag" not in result_record({**args, "tag": None}, m)
+    detailed = result_record(args, m, _outputs(), None)
+    assert detailed["output_lens"] == [4, 1, 0, 2] and detailed["errors"][2] == "HTTP 400: bad image"
 
 
 def test_arrival_offsets():
