@@ -137,3 +137,24 @@ def test_arrival_offsets():
     for rate, b in ((0.0, 1.0), (1.0, 0.0)):
         with pytest.raises(ValueError):
             arrival_offsets(3, rate, b, 0)
+
+
+def test_progress_bar_without_tqdm(monkeypatch):
+    import io
+    import sys
+
+    from sglang.benchmark import progress
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `from tqdm import tqdm` raises ImportError
+    bar = progress.progress_bar(total=3, desc="benchmark")
+    assert isinstance(bar, progress.SimpleBar)
+    bar.stream = io.StringIO()
+    for _ in range(3):
+        bar.update(1)
+    bar.close()
+    assert "benchmark: 3/3" in bar.stream.getvalue() and bar.stream.getvalue().endswith("\n")
+    quiet = progress.SimpleBar(total=2, desc="x", disable=True, stream=io.StringIO())
+    quiet.update(2)
+    quiet.close()
+    assert quiet.stream.getvalue() == ""
+    assert list(progress.SimpleBar([1, 2], desc="d", stream=io.StringIO())) == [1, 2]
