@@ -1,0 +1,148 @@
+"""Triton kernel behind `extend_attention_fwd` and `varlen_attention_fwd`. Imported lazily: triton is
+optional, and `triton.jit` decides compiled vs interpreted (TRITON_INTERPRET=1) when this module is
+imported.
+
+One kernel serves both: a program owns BLOCK_M consecutive queries of one request/segment and one query
+head, and streams that request's keys in BLOCK_N blocks with an online softmax (running max `m`, running
+denominator `l`, float32 accumulator), so no (q_len x kv_len) score matrix ever exists in memory.
+
+- PAGED: key n of request b lives at row `kv_indices[kv_indptr[b] + n]` of the K/V buffers (extend), or
+  at row `kv_indptr[b] + n` (varlen: packed, contiguous).
+- CAUSAL: query j of a request with q_len queries and kv_len keys sits at absolute position
+  `kv_len - q_len + j` and sees keys 0..that position (bottom-right aligned causal mask); otherwise every
+  query sees every key of its request.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prefill_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr,
+    q_indptr_ptr, kv_indptr_ptr, kv_indices_ptr,
+    qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
+    head_dim,
+    stride_qt, stride_qh,
+    stride_kt, stride_kh,
+    stride_vt, stride_vh,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr,  # query heads per kv head
+    PAGED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    kvh = h // GROUP
+
+    q_start = tl.load(q_indptr_ptr + b).to(tl.int64)
+    q_len = (tl.load(q_indptr_ptr + b + 1).to(tl.int64) - q_start).to(tl.int32)
+    kv_start = tl.load(kv_indptr_ptr + b).to(tl.int64)
+    kv_len = (tl.load(kv_indptr_ptr + b + 1).to(tl.int64) - kv_start).to(tl.int32)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < head_dim
+
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :], other=0.0,
+    )
+
+    # Keys this block can see: all of them, or (causal) up to the last query's position.
+    hi = kv_len
+    if CAUSAL:
+        prefix = kv_len - q_len
+        hi = tl.minimum(kv_len, prefix + (pid_m + 1) * BLOCK_M)
+    # A block entirely past the request's queries does no work (the grid is sized by the longest one).
+    hi = tl.where(pid_m * BLOCK_M < q_len, hi, 0)
+
+    # Finite initial max: a row that sees no key in a block keeps m, and exp2(-inf - m) = 0, no NaN.
+    m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)
+    l_i = tl.full((BLOCK_M,), 0.0, tl.float32)
+    acc = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
+
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        n_mask = offs_n < hi
+        if PAGED:
+            slots = tl.load(kv_indices_ptr + kv_start + offs_n, mask=n_mask, other=0).to(tl.int64)
+        else:
+            slots = (kv_start + offs_n).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        visible = n_mask[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= (prefix + offs_m)[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # Every real query sees at least key 0, so l > 0 there; padding rows are never stored.
+    acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
+
+
+def _blocks(head_dim: int, is_cuda: bool) -> tuple[int, int, int, dict]:
+    # tl.dot needs every block dim >= 16. Tiny blocks on the interpreter keep CPU tests fast.
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if not is_cuda:
+        return 16, 16, block_d, {}
+    if block_d <= 64:
+        return 128, 64, block_d, dict(num_warps=4, num_stages=3)
+    if block_d <= 128:
+        return 128, 64, block_d, dict(num_warps=8, num_stages=2)
+    return 64, 32, block_d, dict(num_warps=8, num_stages=1)
+
+
+def prefill_attention_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    q_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor | None,
+    max_q_len: int, sm_scale: float, causal: bool,
+) -> torch.Tensor:
+    """Launches the kernel; arguments already checked by the public wrappers. q/out (T, Hq, D),
+    k/v (rows, Hk, D), all with unit stride along D. kv_indices None means packed (varlen)."""
+    batch = q_indptr.shape[0] - 1
+    hq, hk, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    if batch <= 0 or max_q_len <= 0 or q.shape[0] == 0:
+        return out
+    block_m, block_n, block_d, opts = _blocks(head_dim, q.is_cuda)
+    grid = (triton.cdiv(max_q_len, block_m), batch, hq)
+    _prefill_fwd_kernel[grid](
+        q, k, v, out,
+        q_indptr, kv_indptr, kv_indices if kv_indices is not None else kv_indptr,
+        sm_scale * _LOG2E, head_dim,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        GROUP=hq // hk, PAGED=kv_indices is not None, CAUSAL=causal,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        **opts,
+    )
+    return out
