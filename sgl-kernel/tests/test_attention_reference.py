@@ -84,6 +84,8 @@ def test_extend_argument_checks(fn):
         fn(q, kb[..., :4], vb[..., :4], qo, kv, idx, mq, scale)
     with pytest.raises(ValueError, match="out"):
         fn(q, kb, vb, qo, kv, idx, mq, scale, out=torch.empty(3, 4, 9))
+    with pytest.raises(ValueError, match="dtype"):
+        fn(q, kb.double(), vb.double(), qo, kv, idx, mq, scale)
 
 
 def test_decode_and_varlen_argument_checks():

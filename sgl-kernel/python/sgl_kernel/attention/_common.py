@@ -11,7 +11,7 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def check_heads(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q (*, Hq, D); k, v (*, Hk, D) with Hq a multiple of Hk, all float, one device."""
+    """q (*, Hq, D); k, v (*, Hk, D) with Hq a multiple of Hk; one float dtype, one device."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(
             f"{name}: expected q (*, Hq, D) and k, v (*, Hk, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -30,6 +30,8 @@ def check_heads(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
             raise ValueError(f"{name}: {what} must be a float tensor, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name}: {what} is on {t.device}, q on {q.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"{name}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
 def check_index(name: str, what: str, t: torch.Tensor, device: torch.device) -> None:
