@@ -93,7 +93,7 @@ def run_mode(name: str, env_extra: dict, model: str, args, workdir: Path) -> tup
 def _parse(block: str) -> dict:
     want = {"req_s": r"Request throughput \(req/s\):\s+([\d.]+)", "ttft_mean": r"Mean TTFT \(ms\):\s+([\d.]+)",
             "ttft_median": r"Median TTFT \(ms\):\s+([\d.]+)", "ttft_p99": r"P99 TTFT \(ms\):\s+([\d.]+)",
-            "tpot_mean": r"Mean TPOT \(ms\):\s+([\d.]+)", "e2el_mean": r"Mean E2EL \(ms\):\s+([\d.]+)"}
+            "tpot_mean": r"Mean TPOT \(ms\):\s+([\d.]+)", "e2el_mean": r"Mean E2E Latency \(ms\):\s+([\d.]+)"}
     out = {}
     for k, pat in want.items():
         m = re.search(pat, block)
