@@ -98,7 +98,9 @@ class ServerArgs:
     dtype: str = field(default="auto", metadata=_arg(
         "weight dtype", choices=("auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES)))
     device: str = field(default="auto", metadata=_arg("device", choices=("auto", "cpu", "cuda")))
-    attention_backend: str = field(default="torch_native", metadata=_arg("attention backend"))
+    attention_backend: str = field(default="auto", metadata=_arg(
+        "language-model attention: triton (our paged Triton kernels; the default on CUDA), torch_native (pure "
+        "torch, the CPU default and the tests' reference), auto", choices=("auto", "triton", "torch_native")))
     mm_feature_transport: str = field(default="shm", metadata=_arg(
         "how pixel data reaches the schedulers: shm (POSIX shared memory; requests and the TP broadcast carry "
         "metadata only) or cpu (pickled inside the request: the baseline)", choices=("cpu", "shm")))
@@ -123,7 +125,8 @@ class ServerArgs:
     cuda_graph_bs: tuple[str, ...] | None = field(default=None, metadata=_arg(
         "decode batch sizes captured in CUDA graphs (GPU only; accepted and ignored on CPU)"))
     mm_attention_backend: str | None = field(default=None, metadata=_arg(
-        "vision-tower attention: sdpa (torch scaled_dot_product_attention, the only one built in)"))
+        "vision-tower attention: triton (one varlen kernel launch per layer for all images / windows; the "
+        "default on CUDA) or sdpa (torch scaled_dot_product_attention per segment; the CPU default)"))
     dp_size: int = field(default=1, metadata=_arg("data-parallel replicas: only 1 (run more servers behind a router)"))
     quantization: str | None = field(default=None, metadata=_arg("weight quantization: none is supported"))
     kv_cache_dtype: str = field(default="auto", metadata=_arg("KV cache dtype: auto (the model dtype) only"))
@@ -149,8 +152,8 @@ class ServerArgs:
             problems.append(f"--quantization {self.quantization}: quantized weights are not supported")
         if self.kv_cache_dtype not in ("auto", self.dtype):
             problems.append(f"--kv-cache-dtype {self.kv_cache_dtype}: only auto (the model dtype) is supported")
-        if self.mm_attention_backend not in (None, "sdpa"):
-            problems.append(f"--mm-attention-backend {self.mm_attention_backend}: only sdpa is built in")
+        if self.mm_attention_backend not in (None, "sdpa", "triton"):
+            problems.append(f"--mm-attention-backend {self.mm_attention_backend}: choose sdpa or triton")
         if self.tp_size < 1:
             problems.append("--tp-size must be >= 1")
         if self.page_size < 1:
@@ -190,6 +193,14 @@ class ServerArgs:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_attention_backends(self) -> tuple[str, str]:
+        """(language model, vision tower) attention. On CUDA our Triton kernels unless told otherwise;
+        elsewhere the pure-torch paths (Triton runs on CPU only interpreted: for tests, asked for)."""
+        on_cuda = self.resolved_device() == "cuda" and _triton_importable()
+        lm = self.attention_backend if self.attention_backend != "auto" else ("triton" if on_cuda else "torch_native")
+        mm = self.mm_attention_backend or ("triton" if on_cuda else "sdpa")
+        return lm, mm
 
     def resolved_model_path(self) -> str:
         if self.model_path:
@@ -309,3 +320,9 @@ class PortArgs:
             detokenizer_ipc_name=f"ipc://{d}/detokenizer",
             nccl_port=port,
         )
+
+
+def _triton_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("sgl_kernel") is not None

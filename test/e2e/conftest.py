@@ -100,7 +100,8 @@ def shm_sglang_entries() -> set[str]:
 class ServerProcess:
     """One `python -m sglang.launch_server` subprocess."""
 
-    def __init__(self, model_dir: Path, workdir: Path, extra_args: list[str], cmd_prefix: list[str] | None = None):
+    def __init__(self, model_dir: Path, workdir: Path, extra_args: list[str], cmd_prefix: list[str] | None = None,
+                 env: dict[str, str] | None = None):
         self.port = free_port()
         self.model_dir = model_dir
         self.url = f"http://127.0.0.1:{self.port}"
@@ -110,7 +111,7 @@ class ServerProcess:
         self.shm_before = shm_sglang_entries()
         # One intra-op thread: with several torch processes on a small machine, spinning OpenMP
         # workers otherwise make the suite's run time depend on the machine's load.
-        env = dict(os.environ, TMPDIR=str(self.tmpdir), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        env = dict(os.environ, TMPDIR=str(self.tmpdir), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **(env or {}))
         cmd = [*(cmd_prefix or []), sys.executable, "-m", "sglang.launch_server", "--port", str(self.port),
                "--model-path", str(model_dir), *BASE_ARGS, *extra_args]
         self._log = open(self.log_path, "wb")

@@ -40,7 +40,7 @@ def test_dtype_aliases_and_image_limit_forms():
     (["--dp-size", "2"], "--dp-size 2: data parallelism is not supported"),
     (["--quantization", "fp8"], "--quantization fp8"),
     (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2"),
-    (["--mm-attention-backend", "fa3"], "--mm-attention-backend fa3: only sdpa"),
+    (["--mm-attention-backend", "fa3"], "--mm-attention-backend fa3: choose sdpa or triton"),
     (["--cuda-graph-bs", "1", "x"], "--cuda-graph-bs takes integers"),
 ])
 def test_unsupported_values_stop_with_one_clear_line(argv, phrase, capsys):

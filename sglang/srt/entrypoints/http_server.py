@@ -170,7 +170,9 @@ def create_app(
             info = await tm.get_server_info()
         except GenerateError as e:
             return error_response(e)
-        return json_response({**dataclasses.asdict(server_args), "model_path": tm.model_path, **info})
+        lm_attn, mm_attn = server_args.resolved_attention_backends()  # what "auto" became
+        return json_response({**dataclasses.asdict(server_args), "model_path": tm.model_path,
+                              "attention_backend": lm_attn, "mm_attention_backend": mm_attn, **info})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:

@@ -9,7 +9,7 @@ import torch
 
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
-from sglang.srt.layers.attention import torch_native_backend  # noqa: F401  (registers "torch_native")
+from sglang.srt.layers.attention.vision_attention import configure_vision_attention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.multimodal.embedder import MultimodalEmbedConfig, MultimodalEmbedder
@@ -28,6 +28,7 @@ class ModelRunnerConfig:
     max_running_requests: int = 64
     context_length: int | None = None
     attention_backend: str = "torch_native"
+    mm_attention_backend: str = "sdpa"
     page_size: int = 1
 
 
@@ -51,6 +52,7 @@ class ModelRunner:
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device, cfg.page_size)
         self.attn_backend = create_attention_backend(cfg.attention_backend)
+        configure_vision_attention(self.model, cfg.mm_attention_backend)
         # switches resolved once here: the embedding strategy and its cache are fixed for the process
         self.mm_embedder = MultimodalEmbedder(MultimodalEmbedConfig.from_env())
 

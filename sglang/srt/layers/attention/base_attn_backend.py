@@ -34,7 +34,17 @@ def register_attention_backend(name: str):
     return deco
 
 
+_LAZY = {"torch_native": "sglang.srt.layers.attention.torch_native_backend",
+         "triton": "sglang.srt.layers.attention.triton_backend"}
+
+
 def create_attention_backend(name: str, **kwargs) -> AttentionBackend:
+    """Backends register on import; the built-in ones are imported here on first use, so a backend
+    whose kernels need an optional package (triton) costs nothing unless chosen."""
+    if name not in _BACKENDS and name in _LAZY:
+        import importlib
+
+        importlib.import_module(_LAZY[name])
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; available: {sorted(_BACKENDS)}")
     return _BACKENDS[name](**kwargs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,7 +14,8 @@ from sglang.srt.layers.rotary_embedding import apply_rotary_vision
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float):
-    """q/k/v: (N, H, D); attention within each [cu_seqlens[i], cu_seqlens[i+1]) segment only."""
+    """q/k/v: (N, H, D); attention within each [cu_seqlens[i], cu_seqlens[i+1]) segment only.
+    One SDPA call per segment (the "sdpa" backend; the reference)."""
     out = torch.empty_like(q)
     for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:]):
         if e > s:
@@ -23,6 +26,33 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _cu_seqlens_tensor(cu_seqlens: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Every layer of one forward passes the same segments: one host-to-device copy for all of them."""
+    return torch.tensor(cu_seqlens, dtype=torch.int32).to(device, non_blocking=True)
+
+
+def varlen_packed_attention(q, k, v, cu_seqlens: list[int], scale: float) -> torch.Tensor:
+    """The "triton" backend: every segment (image or window) in one kernel launch."""
+    from sgl_kernel.attention import varlen_attention_fwd
+
+    cu = _cu_seqlens_tensor(tuple(cu_seqlens), q.device)
+    max_len = max((e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])), default=0)
+    return varlen_attention_fwd(q, k, v, cu, max_len, scale)
+
+
+VISION_ATTENTION_IMPLS = {"sdpa": packed_attention, "triton": varlen_packed_attention}
+
+
+def configure_vision_attention(model: nn.Module, backend: str) -> None:
+    """Chooses the vision towers' attention once, when the runner builds the model."""
+    if backend not in VISION_ATTENTION_IMPLS:
+        raise ValueError(f"unknown vision attention backend {backend!r}; choose from {sorted(VISION_ATTENTION_IMPLS)}")
+    for m in model.modules():
+        if isinstance(m, VisionAttention):
+            m.attend = VISION_ATTENTION_IMPLS[backend]
+
+
 class VisionAttention(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, tp: TPInfo = SINGLE_RANK, dtype=None):
         super().__init__()
@@ -31,6 +61,7 @@ class VisionAttention(nn.Module):
         self.proj = RowParallelLinear(hidden_size, hidden_size, bias=True, tp=tp, dtype=dtype)
         self.num_local_heads = self.qkv.num_heads
         self.scale = self.head_dim**-0.5
+        self.attend = packed_attention  # configure_vision_attention picks the backend
 
     def forward(self, x: torch.Tensor, cu_seqlens: list[int], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
@@ -39,5 +70,5 @@ class VisionAttention(nn.Module):
         k = k.view(n, self.num_local_heads, self.head_dim)
         v = v.view(n, self.num_local_heads, self.head_dim)
         q, k = apply_rotary_vision(q, k, cos, sin)
-        out = packed_attention(q, k, v, cu_seqlens, self.scale)
+        out = self.attend(q, k, v, cu_seqlens, self.scale)
         return self.proj(out.reshape(n, -1))
