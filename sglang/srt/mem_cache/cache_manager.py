@@ -55,10 +55,7 @@ class KVCacheManager:
             req.cached_tokens = req.cache_len  # what the client is told was served from cache
         req.last_node = match.last_node
         self.tree.inc_lock_ref(req.last_node)
-        if req.kv_len:
-            self.req_to_token_pool.req_to_token[idx, : req.kv_len] = req.kv_indices.to(
-                self.req_to_token_pool.req_to_token.device
-            )
+        self.req_to_token_pool.write(idx, 0, req.kv_indices)
         req.admitted = True
         return True
 
@@ -70,9 +67,7 @@ class KVCacheManager:
         in_page = min(n, (ps - start % ps) % ps) if start > req.cache_len else 0
         tail = req.kv_indices[-1] + 1 + torch.arange(in_page) if in_page else torch.empty(0, dtype=torch.int64)
         loc = torch.cat([tail, self.alloc_tokens(n - in_page)]) if n > in_page else tail
-        self.req_to_token_pool.req_to_token[req.req_pool_idx, start : start + n] = loc.to(
-            self.req_to_token_pool.req_to_token.device
-        )
+        self.req_to_token_pool.write(req.req_pool_idx, start, loc)
         req.kv_indices = torch.cat([req.kv_indices, loc.cpu()])
         return loc
 

@@ -6,13 +6,42 @@ import torch
 
 
 class ReqToTokenPool:
-    """Row r maps the token positions of the request in slot r to KV-pool slots."""
+    """Row r maps the token positions of the request in slot r to KV-pool slots.
+
+    The table lives on the model's device; the scheduler's writes (host tensors) are queued by `write`
+    and applied by `apply_pending` at the start of the next forward, all in one host-to-device copy
+    and one scatter, instead of a copy per request. A row's queued writes are dropped when the row
+    is freed, so a later owner of the row never receives them (and one scatter never holds two values
+    for one cell)."""
 
     def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
         self.size = size
         self.max_context_len = max_context_len
+        self.device = torch.device(device)
         self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
         self._free = list(range(size))
+        self._pending: list[tuple[int, int, torch.Tensor]] = []
+
+    def write(self, index: int, start: int, slots: torch.Tensor) -> None:
+        """Row `index`, columns [start, start + len(slots)) := slots (applied before the next forward)."""
+        if slots.numel():
+            self._pending.append((index, start, slots.reshape(-1).to("cpu", torch.int64)))
+
+    def apply_pending(self) -> None:
+        if not self._pending:
+            return
+        rows: list[int] = []
+        cols: list[int] = []
+        for i, c, slots in self._pending:
+            rows += [i] * slots.numel()
+            cols += range(c, c + slots.numel())
+        vals = torch.cat([slots for _, _, slots in self._pending])
+        self._pending.clear()
+        host = torch.cat([torch.tensor(rows + cols, dtype=torch.int64), vals])
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        dev = host.to(self.device, non_blocking=True).view(3, -1)
+        self.req_to_token[dev[0], dev[1]] = dev[2]
 
     def available_size(self) -> int:
         return len(self._free)
@@ -23,6 +52,7 @@ class ReqToTokenPool:
     def free(self, index: int) -> None:
         if index in self._free:
             raise RuntimeError(f"request slot {index} freed twice")
+        self._pending = [w for w in self._pending if w[0] != index]
         self._free.append(index)
 
 

@@ -50,7 +50,7 @@ class ModelRunner:
         self.token_to_kv_pool = MHATokenToKVPool(
             self.max_total_num_tokens + cfg.page_size - 1, attn.num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
         )
-        self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device, cfg.page_size)
+        self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, "cpu", cfg.page_size)  # host bookkeeping: slots reach the device with the step metadata
         self.attn_backend = create_attention_backend(cfg.attention_backend)
         configure_vision_attention(self.model, cfg.mm_attention_backend)
         # switches resolved once here: the embedding strategy and its cache are fixed for the process
@@ -61,7 +61,7 @@ class ModelRunner:
         smallest; a larger pool on this rank simply stays partly unused."""
         if num_tokens < self.max_total_num_tokens:
             self.max_total_num_tokens = num_tokens
-            self.allocator = TokenToKVPoolAllocator(num_tokens, self.device, self.cfg.page_size)
+            self.allocator = TokenToKVPoolAllocator(num_tokens, "cpu", self.cfg.page_size)
 
     def _kv_budget(self, bytes_per_token: int) -> int:
         if self.cfg.max_total_tokens is not None:
@@ -84,5 +84,6 @@ class ModelRunner:
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend
         forward_batch.mm_embedder = self.mm_embedder
+        self.req_to_token_pool.apply_pending()
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)

@@ -45,7 +45,7 @@ class StaticBatchRunner:
         loc = self.runner.allocator.alloc(n)
         if loc is None:
             raise RuntimeError(f"KV pool exhausted: need {n} slots, {self.runner.allocator.available_size()} free")
-        self.runner.req_to_token_pool.req_to_token[s.req_pool_idx, s.kv_len : s.kv_len + n] = loc
+        self.runner.req_to_token_pool.write(s.req_pool_idx, s.kv_len, loc)
         s.slots.append(loc)
         return loc
 

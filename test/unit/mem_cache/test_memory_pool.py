@@ -1,0 +1,38 @@
+"""ReqToTokenPool queues the scheduler's writes and applies them in one scatter before a forward."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+
+def test_writes_land_only_when_applied_and_in_order_of_columns():
+    pool = ReqToTokenPool(4, 8)
+    row = pool.alloc()
+    pool.write(row, 0, torch.tensor([5, 6, 7]))
+    pool.write(row, 3, torch.tensor([9]))
+    assert pool.req_to_token[row].tolist() == [0] * 8  # nothing before the forward applies them
+    pool.apply_pending()
+    assert pool.req_to_token[row, :4].tolist() == [5, 6, 7, 9]
+    pool.apply_pending()  # nothing queued: a no-op
+    assert pool.req_to_token[row, :4].tolist() == [5, 6, 7, 9]
+
+
+def test_freed_row_drops_its_queued_writes_so_the_next_owner_never_sees_them():
+    pool = ReqToTokenPool(1, 4)
+    a = pool.alloc()
+    pool.write(a, 0, torch.tensor([1, 2, 3, 4]))
+    pool.free(a)
+    b = pool.alloc()
+    assert b == a
+    pool.write(b, 0, torch.tensor([8]))
+    pool.apply_pending()
+    assert pool.req_to_token[b].tolist() == [8, 0, 0, 0]
+
+
+def test_empty_write_is_ignored():
+    pool = ReqToTokenPool(2, 4)
+    pool.write(pool.alloc(), 2, torch.empty(0, dtype=torch.int64))
+    pool.apply_pending()
+    assert int(pool.req_to_token.abs().sum()) == 0
