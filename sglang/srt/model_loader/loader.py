@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.model_loader.weight_utils import iterate_weights, materialize
 from sglang.srt.models.registry import get_model_class
@@ -76,12 +77,17 @@ def get_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     tp: TPInfo = SINGLE_RANK,
+    vit: ViTStrategy | None = None,
 ) -> nn.Module:
+    """`vit` None resolves the vision-tower switches from the environment here, once per model built
+    (`ViTStrategy.from_env`); the model and its layers only see the resolved strategy."""
     config = ModelConfig.from_pretrained(model_path)
     torch_dtype = resolve_dtype(dtype, config)
     cls = get_model_class(config.architecture)
+    if vit is None:
+        vit = ViTStrategy.from_env()
     with torch.device(device):
-        model = cls(config, tp=tp, dtype=torch_dtype)
+        model = cls(config, tp=tp, dtype=torch_dtype, vit=vit)
     load_weights(model, iterate_weights(model_path, lazy=True))
     logger.info("loaded %s from %s (%s, tp %d/%d)", config.architecture, model_path, torch_dtype, tp.rank, tp.size)
     return model.eval()

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig, VisionConfig
+from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
-from sglang.srt.environ import envs
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
@@ -75,25 +75,22 @@ class Qwen2_5_VisionTransformer(nn.Module):
         cfg: VisionConfig,
         tp: TPInfo = SINGLE_RANK,
         dtype=None,
-        patch_embed_linear: bool | None = None,
-        fast_pos_embed: bool | None = None,
+        patch_embed_linear: bool = True,
+        fast_pos_embed: bool = True,
     ):
-        """`patch_embed_linear` / `fast_pos_embed` = None read SGLANG_VIT_PATCH_EMBED_LINEAR /
-        SGLANG_VIT_FAST_POS_EMBED (here only the rotary part: Qwen2.5-VL has no learned table)."""
+        """`patch_embed_linear` / `fast_pos_embed`: the fields of `ViTStrategy` (SGLANG_VIT_PATCH_EMBED_LINEAR /
+        SGLANG_VIT_FAST_POS_EMBED, resolved by the caller); fast_pos_embed caches only the rotary indices here:
+        Qwen2.5-VL has no learned position table."""
         super().__init__()
         self.cfg = cfg
         self.merge = cfg.spatial_merge_size
         self.window = cfg.window_size // cfg.spatial_merge_size // cfg.patch_size
         self.fullatt_block_indexes = set(cfg.fullatt_block_indexes)
-        if patch_embed_linear is None:
-            patch_embed_linear = envs.SGLANG_VIT_PATCH_EMBED_LINEAR.get()
         self.patch_embed = make_patch_embed(
             patch_embed_linear, cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size,
             bias=False, dtype=dtype,
         )
         self.rotary = VisionRotaryEmbedding(cfg.head_dim, cfg.rope_theta)
-        if fast_pos_embed is None:
-            fast_pos_embed = envs.SGLANG_VIT_FAST_POS_EMBED.get()
         self.rotary_ids = CachedVisionRotary(self.rotary, self.merge) if fast_pos_embed else None  # None: baseline
         self.blocks = nn.ModuleList(
             [
@@ -135,9 +132,17 @@ class Qwen2_5_VisionTransformer(nn.Module):
 
 
 class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
-    def __init__(self, config: ModelConfig, tp: TPInfo = SINGLE_RANK, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPInfo = SINGLE_RANK,
+        dtype: torch.dtype | None = None,
+        vit: ViTStrategy = ViTStrategy(),
+    ):
         super().__init__(config, tp, dtype)
-        self.visual = Qwen2_5_VisionTransformer(config.vision, tp, dtype)
+        self.visual = Qwen2_5_VisionTransformer(
+            config.vision, tp, dtype, patch_embed_linear=vit.patch_embed_linear, fast_pos_embed=vit.fast_pos_embed
+        )
         self.model = Qwen2Model(config.text, tp, dtype)
         self.init_lm_head()
 

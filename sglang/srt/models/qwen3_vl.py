@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig, VisionConfig
+from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
-from sglang.srt.environ import envs
 from sglang.srt.layers.layernorm import LayerNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
@@ -42,16 +42,14 @@ class Qwen3VisionTransformer(nn.Module):
         cfg: VisionConfig,
         tp: TPInfo = SINGLE_RANK,
         dtype=None,
-        patch_embed_linear: bool | None = None,
-        fast_pos_embed: bool | None = None,
+        patch_embed_linear: bool = True,
+        fast_pos_embed: bool = True,
     ):
-        """`patch_embed_linear` / `fast_pos_embed` = None read SGLANG_VIT_PATCH_EMBED_LINEAR /
-        SGLANG_VIT_FAST_POS_EMBED."""
+        """`patch_embed_linear` / `fast_pos_embed`: the fields of `ViTStrategy` (SGLANG_VIT_PATCH_EMBED_LINEAR /
+        SGLANG_VIT_FAST_POS_EMBED, resolved by the caller)."""
         super().__init__()
         self.cfg = cfg
         self.merge = cfg.spatial_merge_size
-        if patch_embed_linear is None:
-            patch_embed_linear = envs.SGLANG_VIT_PATCH_EMBED_LINEAR.get()
         self.patch_embed = make_patch_embed(
             patch_embed_linear, cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size,
             bias=True, dtype=dtype,
@@ -60,8 +58,6 @@ class Qwen3VisionTransformer(nn.Module):
         self.pos_embed.weight.requires_grad_(False)
         self.num_grid_per_side = int(cfg.num_position_embeddings**0.5)
         self.rotary = VisionRotaryEmbedding(cfg.head_dim, cfg.rope_theta)
-        if fast_pos_embed is None:
-            fast_pos_embed = envs.SGLANG_VIT_FAST_POS_EMBED.get()
         # None selects the baseline: per-forward interpolation and rotary ids, unchanged.
         self.pos_interp = FastPosEmbedInterpolator(self.num_grid_per_side, self.merge) if fast_pos_embed else None
         self.rotary_ids = CachedVisionRotary(self.rotary, self.merge) if fast_pos_embed else None
@@ -135,9 +131,17 @@ class Qwen3VisionTransformer(nn.Module):
 
 
 class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
-    def __init__(self, config: ModelConfig, tp: TPInfo = SINGLE_RANK, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tp: TPInfo = SINGLE_RANK,
+        dtype: torch.dtype | None = None,
+        vit: ViTStrategy = ViTStrategy(),
+    ):
         super().__init__(config, tp, dtype)
-        self.visual = Qwen3VisionTransformer(config.vision, tp, dtype)
+        self.visual = Qwen3VisionTransformer(
+            config.vision, tp, dtype, patch_embed_linear=vit.patch_embed_linear, fast_pos_embed=vit.fast_pos_embed
+        )
         self.model = Qwen3Model(config.text, tp, dtype)
         self.num_deepstack = len(config.vision.deepstack_visual_indexes)
         self.init_lm_head()

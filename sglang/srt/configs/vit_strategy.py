@@ -1,0 +1,31 @@
+"""How the vision towers are built: implementation choices that change no weights and no outputs
+(beyond float rounding), resolved once from the environment and passed down to the model constructor.
+
+`ViTStrategy.from_env()` is the only place that reads SGLANG_VIT_PATCH_EMBED_LINEAR and
+SGLANG_VIT_FAST_POS_EMBED; `get_model` calls it when it is given no strategy, so models and layers never
+read a switch themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ViTStrategy:
+    """patch_embed_linear: the patch embedding as one Linear, Conv3d checkpoint weights reshaped at load
+    (False: the baseline Conv3d). fast_pos_embed: position-embedding interpolation and 2D rotary indices
+    cached per grid shape (False: the baseline, recomputed every forward). The defaults are the switches'
+    defaults."""
+
+    patch_embed_linear: bool = True
+    fast_pos_embed: bool = True
+
+    @classmethod
+    def from_env(cls) -> "ViTStrategy":
+        from sglang.srt.environ import envs
+
+        return cls(
+            patch_embed_linear=envs.SGLANG_VIT_PATCH_EMBED_LINEAR.get(),
+            fast_pos_embed=envs.SGLANG_VIT_FAST_POS_EMBED.get(),
+        )
