@@ -16,12 +16,16 @@ Algorithms (SGLANG_MM_HASH_ALGO):
 xxh3_128 and blake3 also digest a header (dtype, shape, grid_thw), so two items whose pixel buffers
 are byte-equal but are laid out or sized differently never share a hash: a feature of shape
 (num_patches, dim) alone does not tell a 2x8 patch grid from a 4x4 one.
+
+Both switches are resolved together by `MMHashConfig.from_env()`, once, when the tokenizer side and
+the scheduler are constructed; the hashing functions themselves take the algorithm as an argument.
 """
 
 from __future__ import annotations
 
 import hashlib
 from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -107,23 +111,43 @@ def combined_hash(hashes: list[int]) -> int:
 
 
 # ---------------------------------------------------------------------- switches
-def precompute_hash_enabled() -> bool:
-    """SGLANG_MM_PRECOMPUTE_HASH resolved: `auto` means on. Measured (docs/optimizations/
-    mm-hash-precompute.md): no load regime made hashing in the scheduler loop faster, because the
-    tokenizer side hashes in worker threads that stall nothing while the scheduler side stalls every
-    running request."""
-    from sglang.srt.environ import envs
+@dataclass(frozen=True)
+class MMHashConfig:
+    """Where and how items are hashed, resolved once by the caller at construction (`from_env`) and
+    kept: `precompute` (the tokenizer hashes, else the scheduler) and `algo` (one of HASH_ALGOS)."""
 
-    return envs.SGLANG_MM_PRECOMPUTE_HASH.get() != "0"
+    precompute: bool = True
+    algo: str = DEFAULT_HASH_ALGO
+
+    def __post_init__(self):
+        if self.algo not in HASH_ALGOS:
+            raise ValueError(f"unknown hash algorithm {self.algo!r}; choose one of {', '.join(HASH_ALGOS)}")
+
+    @classmethod
+    def from_env(cls) -> "MMHashConfig":
+        """SGLANG_MM_PRECOMPUTE_HASH (`auto` means on; measured in docs/optimizations/mm-hash-precompute.md:
+        no load regime made hashing in the scheduler loop faster, because the tokenizer side hashes in
+        worker threads that stall nothing while the scheduler side stalls every running request) and
+        SGLANG_MM_HASH_ALGO when set; otherwise xxh3_128, or sha256 (the baseline) when precompute is 0.
+        The only reader of these two switches."""
+        from sglang.srt.environ import envs
+
+        precompute = envs.SGLANG_MM_PRECOMPUTE_HASH.get() != "0"
+        if envs.SGLANG_MM_HASH_ALGO.is_set():
+            algo = envs.SGLANG_MM_HASH_ALGO.get()
+        else:
+            algo = DEFAULT_HASH_ALGO if precompute else BASELINE_HASH_ALGO
+        return cls(precompute, algo)
+
+
+def precompute_hash_enabled() -> bool:
+    """`MMHashConfig.from_env().precompute`: resolve once and keep it (a call reads the environment)."""
+    return MMHashConfig.from_env().precompute
 
 
 def configured_hash_algo() -> str:
-    """SGLANG_MM_HASH_ALGO when set; otherwise xxh3_128, or sha256 (the baseline) when precompute is 0."""
-    from sglang.srt.environ import envs
-
-    if envs.SGLANG_MM_HASH_ALGO.is_set():
-        return envs.SGLANG_MM_HASH_ALGO.get()
-    return DEFAULT_HASH_ALGO if precompute_hash_enabled() else BASELINE_HASH_ALGO
+    """`MMHashConfig.from_env().algo`: resolve once and keep it (a call reads the environment)."""
+    return MMHashConfig.from_env().algo
 
 
 # ---------------------------------------------------------------------- filling items
@@ -136,7 +160,8 @@ def ensure_item_hashes(mm_inputs, algo: str | None = None) -> int:
     computed = 0
     for item in mm_inputs.mm_items:
         if item.hash is None:
-            item.hash = item_hash(item, algo or configured_hash_algo())
+            algo = algo or configured_hash_algo()  # resolved at most once per call, only when needed
+            item.hash = item_hash(item, algo)
             computed += 1
         if item.pad_value is None:
             item.pad_value = pad_value_from_hash(item.hash)
