@@ -17,7 +17,6 @@ Frames (t) of one grid share positions, so the key is (h, w, device) and t only 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Callable
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
 from sglang.srt.layers.vision_blocks import rot_pos_ids
+from sglang.srt.mem_cache.lru import ByteBoundedLRU, tensors_nbytes
 
 try:
     from sgl_kernel.vision import gather_blend_rows
@@ -41,38 +41,22 @@ Grid = tuple[int, int, int]
 DEFAULT_CACHE_BYTES = 32 << 20
 
 
-class GridLRU:
-    """Bounded LRU of tensors keyed by grid shape. The bound is in bytes; the newest entry always stays,
-    even when it alone exceeds the budget, so a forward never rebuilds what it just built."""
+class GridLRU(ByteBoundedLRU[tuple, tuple[torch.Tensor, ...]]):
+    """Bounded LRU of tensor tuples keyed by grid shape, bound in bytes (`ByteBoundedLRU`'s rule: a
+    value larger than the whole budget is built, returned and not kept). `get(key, build)` returns the
+    cached value or builds, stores and returns it."""
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES):
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple, tuple[tuple[torch.Tensor, ...], int]] = OrderedDict()
-        self.nbytes = 0
-        self.hits = 0
-        self.misses = 0
+        super().__init__(max_bytes, tensors_nbytes)
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def get(self, key: tuple, build: Callable[[], tuple[torch.Tensor, ...]] | None = None):
+        if build is None:
+            return super().get(key)
+        return self.get_or_build(key, build)
 
-    def __contains__(self, key) -> bool:
-        return key in self._entries
-
-    def get(self, key: tuple, build: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-        hit = self._entries.get(key)
-        if hit is not None:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return hit[0]
-        self.misses += 1
-        value = build()
-        size = sum(t.numel() * t.element_size() for t in value)
-        self._entries[key] = (value, size)
-        self.nbytes += size
-        while self.nbytes > self.max_bytes and len(self._entries) > 1:
-            _, (_, old) = self._entries.popitem(last=False)
-            self.nbytes -= old
-        return value
+    @property
+    def nbytes(self) -> int:
+        return self.current_bytes
 
 
 def bilinear_taps(h: int, w: int, side: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -117,11 +117,13 @@ def test_grid_lru_is_bounded_and_evicts_least_recent():
     assert (lru.hits, lru.misses) == (2, 4)
 
 
-def test_grid_lru_keeps_the_newest_entry_even_when_oversized():
+def test_grid_lru_returns_but_does_not_keep_an_oversized_entry():
+    """ByteBoundedLRU's one rule: a value larger than the whole budget is never stored (and evicts nothing)."""
     lru = GridLRU(max_bytes=100)
     lru.get(("small",), lambda: (torch.zeros(10),))
     big = lru.get(("big",), lambda: (torch.zeros(1000),))
-    assert len(lru) == 1 and ("big",) in lru and big[0].numel() == 1000
+    assert big[0].numel() == 1000  # built and returned to the caller
+    assert len(lru) == 1 and ("big",) not in lru and ("small",) in lru and lru.rejected == 1
 
 
 def test_triton_kernel_through_the_layer_under_the_interpreter(pair):
