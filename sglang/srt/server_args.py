@@ -203,13 +203,11 @@ class ServerArgs:
         return lm, mm
 
     def resolved_model_path(self) -> str:
-        if self.model_path:
-            from sglang.srt.model_loader.model_path import resolve_model_path
+        """`model_path` as a local directory, or the embedded default model when none is given
+        (`model_loader/default_model.py`)."""
+        from sglang.srt.model_loader.default_model import resolve_model_path_or_default
 
-            return resolve_model_path(self.model_path, self.revision)
-        from sglang.testing.make_model import ensure_model
-
-        return str(ensure_model("qwen3-vl-tiny"))
+        return resolve_model_path_or_default(self.model_path, self.revision)
 
     # ------------------------------------------------------------------ CLI
     @classmethod
