@@ -65,13 +65,6 @@ class MultimodalDataItem:
         """Number of LLM tokens (placeholder tokens) this item expands to."""
         return self.num_patches // (self.spatial_merge_size**2)
 
-    def is_image(self) -> bool:
-        return self.modality == Modality.IMAGE
-
-    def is_video(self) -> bool:
-        return self.modality == Modality.VIDEO
-
-
 @dataclass
 class MultimodalInputs:
     """All multimodal data of one request.
@@ -90,17 +83,3 @@ class MultimodalInputs:
     im_start_id: int = QWEN_VISION_START_TOKEN_ID
     im_end_id: int = QWEN_VISION_END_TOKEN_ID
     video_token_id: int = QWEN_VIDEO_TOKEN_ID
-
-    @property
-    def image_items(self) -> list[MultimodalDataItem]:
-        return [it for it in self.mm_items if it.modality == Modality.IMAGE]
-
-    @property
-    def video_items(self) -> list[MultimodalDataItem]:
-        return [it for it in self.mm_items if it.modality == Modality.VIDEO]
-
-    def contains_image_inputs(self) -> bool:
-        return any(it.modality == Modality.IMAGE for it in self.mm_items)
-
-    def contains_video_inputs(self) -> bool:
-        return any(it.modality == Modality.VIDEO for it in self.mm_items)

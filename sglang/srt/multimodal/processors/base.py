@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from PIL import Image
 
@@ -107,19 +107,6 @@ for _name in (
     _PROCESSOR_REGISTRY[_name] = _QWEN_VL
 
 
-def register_processor(*names: str) -> Callable[[type], type]:
-    """Class decorator registering a processor under HF architecture / model_type names."""
-
-    def deco(cls: type) -> type:
-        if not (isinstance(cls, type) and issubclass(cls, BaseMultimodalProcessor)):
-            raise TypeError(f"{cls!r} is not a BaseMultimodalProcessor subclass")
-        for name in names:
-            _PROCESSOR_REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
 def _resolve(entry: type[BaseMultimodalProcessor] | str) -> type[BaseMultimodalProcessor]:
     if isinstance(entry, str):
         module_name, _, cls_name = entry.partition(":")
@@ -154,16 +141,10 @@ def is_multimodal_model(architectures: Iterable[str] | str | None = None, model_
     return any(n in _PROCESSOR_REGISTRY for n in names)
 
 
-def registered_processor_names() -> list[str]:
-    return sorted(_PROCESSOR_REGISTRY)
-
-
 __all__ = [
     "BaseMultimodalProcessor",
     "ImageLoadError",
     "MultimodalInputError",
     "get_processor_class",
     "is_multimodal_model",
-    "register_processor",
-    "registered_processor_names",
 ]
