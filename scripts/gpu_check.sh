@@ -125,7 +125,7 @@ stage_tests() {
     # The device-following part of the default suite: model parity on cuda, server fixtures with
     # --device cuda, NCCL start-up, scheduler e2e cases (CPU-only cases skip with their reason).
     run_step "tests: suite on cuda" 1 timeout 420 "$PYTHON" -m pytest -q -x -p no:cacheprovider -m "not slow" \
-        --junitxml="$OUT/tests-cuda.xml" test/unit/models test/unit/layers test/e2e
+        --junitxml="$OUT/tests-cuda.xml" test/unit/models test/unit/model_loader test/unit/layers test/e2e
 }
 
 run_bench_list() {

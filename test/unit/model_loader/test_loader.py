@@ -4,12 +4,15 @@ device, and loud failures for checkpoints that do not fit the model."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from parity_utils import PLACEHOLDER, hf_logits, make_runner, noise_image, our_logits, rel_err, small_processor
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from parity_utils import PLACEHOLDER, hf_logits, make_runner, noise_image, our_logits, rel_err, small_processor  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 

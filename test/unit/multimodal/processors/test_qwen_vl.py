@@ -414,4 +414,4 @@ def test_processor_import_does_not_pull_model_code():
 def _repo_root():
     import pathlib
 
-    return pathlib.Path(__file__).resolve().parents[3]
+    return pathlib.Path(__file__).resolve().parents[4]
