@@ -73,6 +73,9 @@ class _Registry:
 envs = _Registry()
 envs.add("SGLANG_MODEL_CACHE", "", str, "Directory for generated embedded models (default ~/.cache/sglang/models).")
 envs.add("SGLANG_VLM_CACHE_SIZE_MB", 100.0, float, "Byte budget (MiB) of the vision-encoder embedding cache.")
+envs.add("SGLANG_MM_SHM_TRANSPORT", True, _parse_bool,
+         "With --mm-feature-transport cpu and every rank on one host, pixel data crosses processes in POSIX shared "
+         "memory and requests carry metadata only (0: baseline, pixels pickled inside the request and the TP broadcast).")
 envs.add("SGLANG_VIT_CHUNK_PER_IMAGE", True, _parse_bool,
          "Chunked prefill encodes only the images overlapping each chunk, cached per image hash (0: baseline, "
          "the first chunk touching any image encodes all of the request's images, cached under their combined hash).")

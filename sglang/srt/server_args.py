@@ -101,9 +101,11 @@ class ServerArgs:
     attention_backend: str = field(default="auto", metadata=_arg(
         "language-model attention: triton (our paged Triton kernels; the default on CUDA), torch_native (pure "
         "torch, the CPU default and the tests' reference), auto", choices=("auto", "triton", "torch_native")))
-    mm_feature_transport: str = field(default="shm", metadata=_arg(
-        "how pixel data reaches the schedulers: shm (POSIX shared memory; requests and the TP broadcast carry "
-        "metadata only) or cpu (pickled inside the request: the baseline)", choices=("cpu", "shm")))
+    mm_feature_transport: str = field(default="cpu", metadata=_arg(
+        "how multimodal features reach the schedulers (upstream's names): cpu (host memory: POSIX shared memory "
+        "pointers where every rank shares this host, SGLANG_MM_SHM_TRANSPORT=0 for the inline-pickle baseline); "
+        "cuda_ipc (GPU pool handles: not built yet); shm is accepted as an alias of cpu",
+        choices=("cpu", "cuda_ipc", "shm")))
     stream_interval: int = field(default=1, metadata=_arg("decode steps between streamed chunks"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
         "seconds any TP collective may wait for a peer rank before failing (a dead rank ends the server)"))
@@ -145,6 +147,10 @@ class ServerArgs:
                 object.__setattr__(self, "cuda_graph_bs", tuple(int(b) for b in self.cuda_graph_bs))
             except ValueError:
                 problems.append(f"--cuda-graph-bs takes integers, got {list(self.cuda_graph_bs)}")
+        if self.mm_feature_transport == "shm":  # this engine's earlier name for the same behaviour
+            object.__setattr__(self, "mm_feature_transport", "cpu")
+        if self.mm_feature_transport == "cuda_ipc":
+            problems.append("--mm-feature-transport cuda_ipc: not built yet; use cpu (shared memory on one host)")
         if self.dp_size != 1:
             problems.append(f"--dp-size {self.dp_size}: data parallelism is not supported; run {self.dp_size} "
                             "servers behind a router (use --tp-size to spread one model over GPUs)")

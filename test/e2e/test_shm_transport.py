@@ -27,8 +27,10 @@ def _body(seed: int, max_new: int = 4, **kw):
 
 @pytest.fixture(scope="module")
 def servers(launch_server):
-    shm = launch_server("--tp-size", "2", "--mm-feature-transport", "shm", "--chunked-prefill-size", "48")
-    cpu = launch_server("--tp-size", "2", "--mm-feature-transport", "cpu", "--chunked-prefill-size", "48")
+    shm = launch_server("--tp-size", "2", "--mm-feature-transport", "cpu", "--chunked-prefill-size", "48")
+    # the inline-pickle baseline: same transport flag, the series' switch off
+    cpu = launch_server("--tp-size", "2", "--mm-feature-transport", "cpu", "--chunked-prefill-size", "48",
+                        env={"SGLANG_MM_SHM_TRANSPORT": "0"})
     return shm, cpu
 
 

@@ -95,3 +95,21 @@ def test_api_key_guards_every_route_but_health_and_metrics():
     assert status("/health") == 200 and status("/metrics") == 200
     assert status("/v1/chat/completions") == 401 and status("/generate", "Bearer wrong") == 401
     assert status("/generate", "Bearer sekret") == 200 and status("/get_server_info", "Bearer sekret") == 200
+
+
+def test_feature_transport_takes_upstream_names():
+    from sglang.srt.managers.request_builder import use_shm_transport
+
+    assert ServerArgs().mm_feature_transport == "cpu"
+    assert ServerArgs(mm_feature_transport="shm").mm_feature_transport == "cpu"  # this engine's earlier name
+    with pytest.raises(ValueError, match="cuda_ipc: not built yet"):
+        ServerArgs(mm_feature_transport="cuda_ipc")
+    assert use_shm_transport(ServerArgs()) is True
+    assert use_shm_transport(ServerArgs(nnodes=2, node_rank=0, dist_init_addr="127.0.0.1:5000", tp_size=2)) is False
+
+
+def test_shm_switch_off_is_the_inline_baseline(monkeypatch):
+    from sglang.srt.managers.request_builder import use_shm_transport
+
+    monkeypatch.setenv("SGLANG_MM_SHM_TRANSPORT", "0")
+    assert use_shm_transport(ServerArgs()) is False

@@ -19,6 +19,7 @@ from typing import Any
 
 from sglang.srt.managers.chat_messages import split_chat_images
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
+from sglang.srt.environ import envs
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
@@ -100,7 +101,7 @@ class RequestBuilder:
         self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
-        # --mm-feature-transport shm: pixels go to /dev/shm here; the request carries pointers only
+        # shared-memory transport: pixels go to /dev/shm here; the request carries pointers only
         self.shm_prefix = segment_prefix(server_args.port) if use_shm_transport(server_args) else None
         self.unsent_shm: dict[str, tuple[list[str], float]] = {}  # rid -> (segment names, time built)
         self.shm_fallback_count = 0  # requests sent inline because /dev/shm was full
@@ -287,11 +288,12 @@ def load_chat_template(path: str) -> str:
 
 
 def use_shm_transport(server_args: ServerArgs) -> bool:
-    """Shared memory reaches only the ranks on this host: with ranks on other nodes, pixels go inline."""
-    if server_args.mm_feature_transport != "shm":
+    """`--mm-feature-transport cpu` uses shared memory (SGLANG_MM_SHM_TRANSPORT, on by default), which
+    reaches only the ranks on this host: with ranks on other nodes, pixels go inline."""
+    if server_args.mm_feature_transport != "cpu" or not envs.SGLANG_MM_SHM_TRANSPORT.get():
         return False
     if server_args.nnodes > 1:
-        logger.warning("--mm-feature-transport shm needs every TP rank on one host; with --nnodes %d the "
+        logger.warning("shared-memory transport needs every TP rank on one host; with --nnodes %d the "
                        "pixels travel inline with the requests instead", server_args.nnodes)
         return False
     return True

@@ -149,8 +149,9 @@ def _build(model_path, monkeypatch, precompute: str, algo: str | None, timer: bo
         monkeypatch.delenv("SGLANG_MM_HASH_ALGO", raising=False)
     else:
         monkeypatch.setenv("SGLANG_MM_HASH_ALGO", algo)
-    # cpu transport: the pixels stay in the message, so the scheduler-side hash can be recomputed from
+    # inline transport: the pixels stay in the message, so the scheduler-side hash can be recomputed from
     # it here (and no shared-memory segment is created without a scheduler to unlink it)
+    monkeypatch.setenv("SGLANG_MM_SHM_TRANSPORT", "0")
     builder = RequestBuilder(ServerArgs(model_path=model_path, enable_vlm_stage_timer=timer,
                                         mm_feature_transport="cpu"), model_path)
     try:
