@@ -60,7 +60,8 @@ class ServerArgs:
     chunked_prefill_size: int = field(default=8192, metadata=_arg(
         "max tokens prefilled per step; longer prompts are split into chunks (-1: no chunking)"))
     max_prefill_tokens: int = field(default=16384, metadata=_arg("token budget of one prefill batch"))
-    max_running_requests: int = field(default=64, metadata=_arg("max requests decoding at once"))
+    max_running_requests: int | None = field(default=None, metadata=_arg(
+        "max requests running at once (default: derived from the KV cache size, 64 to 1024)"))
     max_total_tokens: int | None = field(default=None, metadata=_arg(
         "KV cache size in tokens (CPU default 65536; GPU default from --mem-fraction-static); 128k accepted",
         parse=parse_token_count))
@@ -166,7 +167,7 @@ class ServerArgs:
             problems.append("--page-size must be >= 1")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             problems.append("--chunked-prefill-size must be positive or -1")
-        if self.max_running_requests < 1:
+        if self.max_running_requests is not None and self.max_running_requests < 1:
             problems.append("--max-running-requests must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             problems.append("--max-total-tokens must be >= 16")
@@ -330,3 +331,11 @@ def _triton_importable() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("sgl_kernel") is not None
+
+
+def derive_max_running_requests(max_total_tokens: int, context_length: int) -> int:
+    """Default --max-running-requests: one request per 256 KV tokens, between 64 and 1024, and no more
+    rows than 512 MiB of request-to-token table (int64 per context position) holds."""
+    by_kv = min(1024, max(64, max_total_tokens // 256))
+    by_table = max(16, (512 << 20) // (8 * max(1, context_length)))
+    return max(1, min(by_kv, by_table))

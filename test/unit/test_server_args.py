@@ -113,3 +113,13 @@ def test_shm_switch_off_is_the_inline_baseline(monkeypatch):
 
     monkeypatch.setenv("SGLANG_MM_SHM_TRANSPORT", "0")
     assert use_shm_transport(ServerArgs()) is False
+
+
+def test_max_running_requests_is_derived_from_the_kv_cache_and_bounded():
+    from sglang.srt.server_args import derive_max_running_requests
+
+    assert ServerArgs().max_running_requests is None
+    assert derive_max_running_requests(16384, 4096) == 64  # small CPU pool: the floor
+    assert derive_max_running_requests(200_000, 32768) == 781  # one per 256 KV tokens in between
+    assert derive_max_running_requests(10**8, 1024) == 1024  # the ceiling
+    assert derive_max_running_requests(10**8, 262144) == 256  # the request table's memory cap

@@ -22,7 +22,7 @@ from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.multimodal.hashing import configured_hash_algo
-from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.server_args import PortArgs, ServerArgs, derive_max_running_requests
 from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,11 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         if tp.size > 1:
             runner.shrink_kv_budget(_min_across_ranks(runner.max_total_num_tokens, tp))
         self.max_total_num_tokens = runner.max_total_num_tokens
+        # from the budget every rank agreed on, so the ranks' batch decisions stay identical
+        self.max_running_requests = min(
+            server_args.max_running_requests or derive_max_running_requests(self.max_total_num_tokens, self.context_length),
+            runner.req_to_token_pool.size - 1,
+        )
         self.tree = RadixCache(runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache)
         self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree)
         self.eos_ids = set(self.model_config.eos_token_ids)
@@ -79,7 +84,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         args = self.server_args
         chunking = args.chunked_prefill_size > 0
         step = args.chunked_prefill_size if chunking else args.max_prefill_tokens
-        adder = PrefillAdder(self.kv, self.running, step, args.max_running_requests, chunking,
+        adder = PrefillAdder(self.kv, self.running, step, self.max_running_requests, chunking,
                              self.new_token_ratio.value)
         if self.chunked_req is not None:
             adder.free_running += 1  # the chunked request's slot is already its own

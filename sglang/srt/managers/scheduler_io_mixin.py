@@ -163,6 +163,7 @@ class SchedulerIOMixin:
     def get_info(self) -> dict:
         return {
             "max_total_num_tokens": self.max_total_num_tokens,
+            "max_running_requests": self.max_running_requests,
             "available_kv_tokens": self.kv.available_tokens(),
             "free_kv_tokens": self.kv.allocator.available_size(),
             "radix_cache_tokens": self.tree.total_size(),

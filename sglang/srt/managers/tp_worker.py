@@ -22,7 +22,8 @@ class TpModelWorker:
                 device=f"cuda:{gpu_id}" if device == "cuda" else device,
                 max_total_tokens=server_args.max_total_tokens,
                 mem_fraction_static=server_args.mem_fraction_static,
-                max_running_requests=server_args.max_running_requests + 1,
+                max_running_requests=None if server_args.max_running_requests is None
+                else server_args.max_running_requests + 1,
                 context_length=server_args.context_length,
                 attention_backend=server_args.resolved_attention_backends()[0],
                 mm_attention_backend=server_args.resolved_attention_backends()[1],

@@ -12,6 +12,7 @@ from sglang.srt.layers.attention.base_attn_backend import create_attention_backe
 from sglang.srt.layers.attention.vision_attention import configure_vision_attention
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.server_args import derive_max_running_requests
 from sglang.srt.multimodal.embedder import MultimodalEmbedConfig, MultimodalEmbedder
 from sglang.srt.model_loader.loader import get_model
 
@@ -25,7 +26,7 @@ class ModelRunnerConfig:
     device: str = "cpu"
     max_total_tokens: int | None = 16384  # None: derive from mem_fraction_static (GPU) or 65536 (CPU)
     mem_fraction_static: float = 0.85
-    max_running_requests: int = 64
+    max_running_requests: int | None = 64  # request-table rows; None: derived from this rank's KV budget
     context_length: int | None = None
     attention_backend: str = "torch_native"
     mm_attention_backend: str = "sdpa"
@@ -43,10 +44,13 @@ class ModelRunner:
         text = self.model_config.text
         self.context_length = cfg.context_length or text.max_position_embeddings
         attn = self.model.model.layers[0].self_attn
-        self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests, self.context_length, self.device)
         bytes_per_token = 2 * text.num_hidden_layers * attn.num_kv_heads * text.head_dim * self.dtype.itemsize
         self.max_total_num_tokens = self._kv_budget(bytes_per_token)
         self.max_total_num_tokens -= self.max_total_num_tokens % cfg.page_size
+        rows = cfg.max_running_requests
+        if rows is None:  # a rank's own budget is >= the one the ranks agree on: enough rows for it
+            rows = derive_max_running_requests(self.max_total_num_tokens, self.context_length) + 1
+        self.req_to_token_pool = ReqToTokenPool(rows, self.context_length, self.device)
         self.token_to_kv_pool = MHATokenToKVPool(
             self.max_total_num_tokens + cfg.page_size - 1, attn.num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
         )
