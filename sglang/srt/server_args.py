@@ -122,9 +122,12 @@ class ServerArgs:
         "accepted for compatibility: the supported architectures are built in, no remote code is ever run"))
     skip_server_warmup: bool = field(default=False, metadata=_arg(
         "accepted for compatibility: the server does no warm-up request"))
-    disable_cuda_graph: bool = field(default=False, metadata=_arg("do not capture decode CUDA graphs"))
+    disable_cuda_graph: bool = field(default=False, metadata=_arg(
+        "do not capture decode CUDA graphs (GPU only: with the triton attention backend, decode batches up to "
+        "--cuda-graph-max-bs replay captured graphs)"))
     cuda_graph_max_bs: int | None = field(default=None, metadata=_arg(
-        "largest decode batch captured in a CUDA graph (GPU only; accepted and ignored on CPU)"))
+        "largest decode batch captured in a CUDA graph (default min(160, max running requests); accepted and "
+        "ignored on CPU)"))
     cuda_graph_bs: tuple[str, ...] | None = field(default=None, metadata=_arg(
         "decode batch sizes captured in CUDA graphs (GPU only; accepted and ignored on CPU)"))
     mm_attention_backend: str | None = field(default=None, metadata=_arg(
@@ -278,8 +281,8 @@ def log_ignored_flags(args: "ServerArgs", device: str) -> list[str]:
     lines = []
     if device != "cuda" and (args.cuda_graph_max_bs or args.cuda_graph_bs or args.disable_cuda_graph):
         lines.append("CUDA graphs: --cuda-graph-max-bs / --cuda-graph-bs / --disable-cuda-graph have no effect on CPU")
-    elif device == "cuda" and not args.disable_cuda_graph:
-        lines.append("CUDA graphs for decode are not built yet: decode runs eagerly")
+    elif device == "cuda" and not args.disable_cuda_graph and args.resolved_attention_backends()[0] != "triton":
+        lines.append("CUDA graphs for decode need --attention-backend triton: decode runs eagerly")
     for flag, on in (("--enable-multimodal", args.enable_multimodal), ("--trust-remote-code", args.trust_remote_code),
                      ("--skip-server-warmup", args.skip_server_warmup)):
         if on:

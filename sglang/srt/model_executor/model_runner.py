@@ -30,6 +30,9 @@ class ModelRunnerConfig:
     context_length: int | None = None
     attention_backend: str = "torch_native"
     mm_attention_backend: str = "sdpa"
+    cuda_graph: bool = False  # capture decode graphs (CUDA and a backend that supports them)
+    cuda_graph_max_bs: int | None = None  # default: min(160, request-table rows)
+    cuda_graph_bs: tuple[int, ...] | None = None
     page_size: int = 1
 
 
@@ -59,6 +62,23 @@ class ModelRunner:
         configure_vision_attention(self.model, cfg.mm_attention_backend)
         # switches resolved once here: the embedding strategy and its cache are fixed for the process
         self.mm_embedder = MultimodalEmbedder(MultimodalEmbedConfig.from_env())
+        self.cuda_graph_runner = self._init_cuda_graphs()
+
+    def _init_cuda_graphs(self):
+        cfg = self.cfg
+        if not cfg.cuda_graph or self.device.type != "cuda":
+            return None
+        if not getattr(self.attn_backend, "supports_cuda_graph", False):
+            logger.info("decode CUDA graphs need --attention-backend triton; running decode eagerly")
+            return None
+        from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
+
+        max_bs = cfg.cuda_graph_max_bs or min(160, self.req_to_token_pool.size - 1)
+        try:
+            return CudaGraphRunner(self, capture_batch_sizes(max_bs, cfg.cuda_graph_bs))
+        except Exception:  # a failed capture costs speed, never the server
+            logger.exception("decode CUDA graph capture failed; running decode eagerly")
+            return None
 
     def shrink_kv_budget(self, num_tokens: int) -> None:
         """TP ranks must agree on one KV budget (scheduling decisions are replicated): use the
@@ -89,5 +109,7 @@ class ModelRunner:
         forward_batch.attn_backend = self.attn_backend
         forward_batch.mm_embedder = self.mm_embedder
         self.req_to_token_pool.apply_pending()
+        if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
+            return self.cuda_graph_runner.replay(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)

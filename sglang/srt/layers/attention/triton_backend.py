@@ -23,6 +23,9 @@ def kv_indices_from_table(req_to_token: torch.Tensor, req_pool_indices: torch.Te
 
 @register_attention_backend("triton")
 class TritonAttnBackend(AttentionBackend):
+    # decode reads only fixed-shape tensors given a slot-list buffer: CudaGraphRunner fills one per step
+    supports_cuda_graph = True
+
     def __init__(self, num_kv_splits: int = 8, **_):
         from sgl_kernel.attention import decode_attention_fwd, extend_attention_fwd
 
