@@ -121,6 +121,9 @@ class SchedulerIOMixin:
         self.waiting.append(req)
 
     def _validate(self, req: Req) -> str | None:
+        """The request was validated where it entered (RequestBuilder: prompt, context length, images,
+        sampling parameters). Here only the invariants this rank's own structures rely on: a non-empty
+        prompt within the request table's width, and the KV budget the ranks agreed on."""
         n = req.prompt_len
         if n == 0:
             return "the prompt is empty"
@@ -129,16 +132,9 @@ class SchedulerIOMixin:
         if n + 1 > self.max_total_num_tokens:
             return f"the prompt needs {n + 1} KV slots; the KV cache holds {self.max_total_num_tokens}"
         max_new = req.sampling_params.max_new_tokens
-        if isinstance(max_new, int) and n + max_new > self.max_total_num_tokens:
+        if n + max_new > self.max_total_num_tokens:
             return (f"the prompt ({n} tokens) plus max_new_tokens ({max_new}) need {n + max_new} KV slots; "
                     f"the KV cache holds {self.max_total_num_tokens}")
-        items = req.mm_inputs.mm_items if req.mm_inputs is not None else []
-        if len(items) > self.server_args.limit_mm_per_prompt:
-            return f"{len(items)} images exceed --limit-mm-per-prompt {self.server_args.limit_mm_per_prompt}"
-        try:
-            req.sampling_params.verify()
-        except ValueError as e:
-            return str(e)
         return None
 
     def handle_abort(self, rid: str, reason: str) -> None:
