@@ -16,22 +16,25 @@ _M32 = 0xFFFFFFFF
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finalizer (xorshift-multiply) on int64 tensors holding values in [0, 2^32).
-    Products may wrap past 2^63; the low 32 bits kept by the mask are exact either way."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _M32
-    return x ^ (x >> 16)
+    """A 32-bit integer finalizer (xorshift-multiply) on int64 tensors holding values in [0, 2^32),
+    in place. Products may wrap past 2^63; the low 32 bits kept by the mask are exact either way."""
+    x.bitwise_xor_(x >> 16)
+    x.mul_(0x7FEB352D).bitwise_and_(_M32)
+    x.bitwise_xor_(x >> 15)
+    x.mul_(0x846CA68B).bitwise_and_(_M32)
+    return x.bitwise_xor_(x >> 16)
 
 
 def hash_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B, vocab) float32 uniforms in (0, 1): a pure function of (seed, step, token id)."""
+    """(B, vocab) float32 uniforms in (0, 1): a pure function of (seed, step, token id). Built in place:
+    the (B, vocab) work costs one int64 buffer and one temporary, whatever the batch."""
     row = _mix32((seeds & _M32) ^ _mix32(((seeds >> 32) & _M32) ^ 0x9E3779B9))
     row = _mix32(row ^ _mix32((steps & _M32) ^ 0x85EBCA6B))
-    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    h = _mix32((row.unsqueeze(1) + cols.unsqueeze(0) * 0x9E3779B1) & _M32)
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    h = torch.arange(vocab, device=seeds.device, dtype=torch.int64).mul_(0x9E3779B1)
+    h = (h.unsqueeze(0) + row.unsqueeze(1)).bitwise_and_(_M32)
+    u = _mix32(h).bitwise_right_shift_(8).to(torch.float32)
+    del h
+    return u.add_(0.5).mul_(1.0 / (1 << 24))
 
 
 @dataclass
@@ -145,7 +148,9 @@ class Sampler:
         if info.all_greedy:
             return greedy
         probs = self._probs(logits.float(), info)
-        race = probs / -torch.log(hash_uniform(info.seeds, info.steps, probs.shape[-1]))
+        exp_noise = hash_uniform(info.seeds, info.steps, probs.shape[-1]).log_().neg_()  # Exp(1) draws
+        race = probs.div_(exp_noise)
+        del exp_noise
         return torch.where(info.temperatures.squeeze(1) == 0.0, greedy, race.argmax(dim=-1))
 
     @staticmethod
