@@ -107,12 +107,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads
         self.num_heads = divide(total_num_heads, tp.size)
-        if tp.size >= total_num_kv_heads:
-            self.num_kv_heads = 1
-            self.kv_replicas = divide(tp.size, total_num_kv_heads)
-        else:
-            self.num_kv_heads = divide(total_num_kv_heads, tp.size)
-            self.kv_replicas = 1
+        self.num_kv_heads = kv_heads_per_rank(total_num_kv_heads, tp.size)
+        self.kv_replicas = divide(tp.size, total_num_kv_heads) if tp.size >= total_num_kv_heads else 1
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp.size
         super().__init__(hidden_size, out, bias, False, tp, dtype)
         self.q_size = self.num_heads * head_dim
@@ -159,3 +155,8 @@ class RowParallelLinear(LinearBase):
         elif self.tp.rank != 0:
             return y  # NOTE: the caller reduces later; the bias must enter the sum exactly once
         return y + self.bias if self.bias is not None else y
+
+
+def kv_heads_per_rank(total_num_kv_heads: int, tp_size: int) -> int:
+    """KV heads each rank holds: a share of them, or one replicated head when ranks outnumber them."""
+    return 1 if tp_size >= total_num_kv_heads else divide(total_num_kv_heads, tp_size)

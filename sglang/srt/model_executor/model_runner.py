@@ -10,6 +10,7 @@ import torch
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
 from sglang.srt.layers.attention.vision_attention import configure_vision_attention
+from sglang.srt.layers.linear import kv_heads_per_rank
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.server_args import derive_max_running_requests
@@ -46,8 +47,8 @@ class ModelRunner:
         self.dtype = next(self.model.parameters()).dtype
         text = self.model_config.text
         self.context_length = cfg.context_length or text.max_position_embeddings
-        attn = self.model.model.layers[0].self_attn
-        bytes_per_token = 2 * text.num_hidden_layers * attn.num_kv_heads * text.head_dim * self.dtype.itemsize
+        num_kv_heads = kv_heads_per_rank(text.num_key_value_heads, tp.size)
+        bytes_per_token = 2 * text.num_hidden_layers * num_kv_heads * text.head_dim * self.dtype.itemsize
         self.max_total_num_tokens = self._kv_budget(bytes_per_token)
         self.max_total_num_tokens -= self.max_total_num_tokens % cfg.page_size
         rows = cfg.max_running_requests
@@ -55,7 +56,7 @@ class ModelRunner:
             rows = derive_max_running_requests(self.max_total_num_tokens, self.context_length) + 1
         self.req_to_token_pool = ReqToTokenPool(rows, self.context_length, self.device)
         self.token_to_kv_pool = MHATokenToKVPool(
-            self.max_total_num_tokens + cfg.page_size - 1, attn.num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
+            self.max_total_num_tokens + cfg.page_size - 1, num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, "cpu", cfg.page_size)  # host bookkeeping: slots reach the device with the step metadata
         self.attn_backend = create_attention_backend(cfg.attention_backend)
