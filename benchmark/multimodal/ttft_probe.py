@@ -141,7 +141,7 @@ def _summarize(n: int, runs: list[dict], error: str | None) -> dict[str, Any]:
     return row
 
 
-# Pipeline order of the stage timer (sglang/srt/vlm_stage_timer.py); unknown names go last.
+# Pipeline order of the stage timer (sglang/srt/metrics/stage_timer.py); unknown names go last.
 PIPELINE_ORDER = ("processor", "hash", "send", "recv", "broadcast", "vit_encode", "embed_merge", "llm_prefill",
                   "first_token", "decode")
 

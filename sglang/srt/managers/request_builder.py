@@ -32,7 +32,7 @@ from sglang.srt.multimodal.transport.shm import (
 )
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
+from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled
 
 
 logger = logging.getLogger(__name__)

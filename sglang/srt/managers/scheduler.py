@@ -23,7 +23,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.multimodal.hashing import configured_hash_algo
 from sglang.srt.server_args import PortArgs, ServerArgs, derive_max_running_requests
-from sglang.srt.vlm_stage_timer import VlmStageTimer, stage_timer_enabled
+from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled
 
 logger = logging.getLogger(__name__)
 

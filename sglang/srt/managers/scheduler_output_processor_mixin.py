@@ -8,7 +8,7 @@ import time
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut, FinishReason
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.vlm_stage_timer import STAGES, rounded
+from sglang.srt.metrics.stage_timer import STAGES, rounded
 
 logger = logging.getLogger(__name__)
 

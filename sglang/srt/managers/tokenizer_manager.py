@@ -37,7 +37,7 @@ from sglang.srt.managers.request_builder import GenerateError, RequestBuilder, S
 from sglang.srt.metrics.prometheus import ServingMetrics
 from sglang.srt.multimodal.transport.shm import unlink_segments
 from sglang.srt.server_args import PortArgs, ServerArgs
-from sglang.srt.vlm_stage_timer import rounded
+from sglang.srt.metrics.stage_timer import rounded
 
 __all__ = ["GenerateError", "ServerUnhealthyError", "TokenizerManager"]
 

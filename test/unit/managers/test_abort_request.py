@@ -13,7 +13,7 @@ from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, FinishReason, T
 from sglang.srt.managers.request_builder import GenerateError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.vlm_stage_timer import VlmStageTimer
+from sglang.srt.metrics.stage_timer import VlmStageTimer
 
 
 class _Sock:

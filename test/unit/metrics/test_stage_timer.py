@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from scheduler_utils import InProcessScheduler
 from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "managers"))
+from scheduler_utils import InProcessScheduler  # noqa: E402
 
 LINE = re.compile(r"^\[TP0\] \[VLM_STAGE_TIMER\] (\w+) \| req=(\S+) \| wall=\d+\.\d{3} ms$")
 SCHEDULER_STAGES = {"recv", "broadcast", "hash", "vit_encode", "embed_merge", "llm_prefill", "first_token", "decode"}
