@@ -25,6 +25,14 @@ def _copy_checked(dst: torch.Tensor, src, what: str) -> None:
     dst.data.copy_(materialize(src).to(dst.dtype))
 
 
+def _check_full(loaded, dim: int, expected: int, what: str) -> None:
+    """A checkpoint tensor must have the full (unsharded) size before a rank cuts its slice: a wrong
+    checkpoint is refused, never silently truncated."""
+    if loaded.shape[dim] != expected:
+        raise ValueError(f"{what}: checkpoint tensor has {loaded.shape[dim]} rows along dim {dim}, expected {expected} "
+                         f"(shape {tuple(loaded.shape)})")
+
+
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype | None):
         super().__init__()
@@ -61,6 +69,7 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param, loaded, shard_id=None):
         size = param.shape[0]
+        _check_full(loaded, 0, size * self.tp.size, type(self).__name__)
         _copy_checked(param, loaded.narrow(0, self.tp.rank * size, size), type(self).__name__)
 
     def forward(self, x):
@@ -79,9 +88,11 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:
+            _check_full(loaded, 0, sum(self.output_sizes), "MergedColumnParallelLinear")
             for i, chunk in enumerate(loaded.split(self.output_sizes, dim=0)):
                 self.weight_loader(param, chunk, i)
             return
+        _check_full(loaded, 0, self.output_sizes[shard_id], f"MergedColumnParallelLinear[{shard_id}]")
         local = [divide(s, self.tp.size) for s in self.output_sizes]
         offset = sum(local[:shard_id])
         size = local[shard_id]
@@ -117,10 +128,13 @@ class QKVParallelLinear(ColumnParallelLinear):
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:  # fused checkpoint tensor laid out as [q | k | v]
             kv = self.total_num_kv_heads * self.head_dim
+            _check_full(loaded, 0, self.total_num_heads * self.head_dim + 2 * kv, "QKVParallelLinear")
             q, k, v = loaded.split([self.total_num_heads * self.head_dim, kv, kv], dim=0)
             for sid, part in (("q", q), ("k", k), ("v", v)):
                 self.weight_loader(param, part, sid)
             return
+        total = self.total_num_heads if shard_id == "q" else self.total_num_kv_heads
+        _check_full(loaded, 0, total * self.head_dim, f"QKVParallelLinear[{shard_id}]")
         if shard_id == "q":
             offset, size, rank = 0, self.q_size, self.tp.rank
         else:
@@ -146,6 +160,7 @@ class RowParallelLinear(LinearBase):
             _copy_checked(param, loaded, "RowParallelLinear.bias")
             return
         size = param.shape[1]
+        _check_full(loaded, 1, size * self.tp.size, "RowParallelLinear")
         _copy_checked(param, loaded.narrow(1, self.tp.rank * size, size), "RowParallelLinear")
 
     def forward(self, x):

@@ -131,3 +131,19 @@ def test_qkv_shards_by_head_and_replicates_scarce_kv_heads_at_tp2(kv_heads, repl
         torch.testing.assert_close(lq, q[rank * 2 * hd:(rank + 1) * 2 * hd], rtol=0, atol=0)
         torch.testing.assert_close(lk, k[kv_rank * n:(kv_rank + 1) * n], rtol=0, atol=0)
         torch.testing.assert_close(lv, v[kv_rank * n:(kv_rank + 1) * n], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make, bad, shard", [
+    (lambda tp: ColumnParallelLinear(4, 8, tp=tp, dtype=torch.float32), (10, 4), None),
+    (lambda tp: RowParallelLinear(8, 6, tp=tp, dtype=torch.float32), (6, 10), None),
+    (lambda tp: MergedColumnParallelLinear(4, [4, 6], bias=False, tp=tp, dtype=torch.float32), (6, 4), 0),
+    (lambda tp: MergedColumnParallelLinear(4, [4, 6], bias=False, tp=tp, dtype=torch.float32), (12, 4), None),
+    (lambda tp: QKVParallelLinear(8, 2, 4, 2, bias=False, tp=tp, dtype=torch.float32), (10, 8), "q"),
+    (lambda tp: QKVParallelLinear(8, 2, 4, 2, bias=False, tp=tp, dtype=torch.float32), (20, 8), None),
+])
+def test_oversized_checkpoint_tensor_is_refused_not_truncated(make, bad, shard):
+    """Along the split dimension a rank takes only its slice: a tensor larger than the full size would
+    otherwise be cut silently."""
+    layer = make(TPInfo(0, 2))
+    with pytest.raises(ValueError, match="expected"):
+        layer.weight.weight_loader(layer.weight, _rand(*bad), shard)
