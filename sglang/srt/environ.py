@@ -76,6 +76,9 @@ envs.add("SGLANG_VLM_CACHE_SIZE_MB", 100.0, float, "Byte budget (MiB) of the vis
 envs.add("SGLANG_MM_SHM_TRANSPORT", True, _parse_bool,
          "With --mm-feature-transport cpu and every rank on one host, pixel data crosses processes in POSIX shared "
          "memory and requests carry metadata only (0: baseline, pixels pickled inside the request and the TP broadcast).")
+envs.add("SGLANG_MM_FEATURE_CACHE_MB", 4096, int,
+         "Size (MiB) of the device pool that --mm-feature-transport cuda_ipc copies pixel data into, allocated once "
+         "on the tokenizer process's GPU; an item that finds no room within a short wait goes through shared memory.")
 envs.add("SGLANG_VIT_CHUNK_PER_IMAGE", True, _parse_bool,
          "Chunked prefill encodes only the images overlapping each chunk, cached per image hash (0: baseline, "
          "the first chunk touching any image encodes all of the request's images, cached under their combined hash).")
