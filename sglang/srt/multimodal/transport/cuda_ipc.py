@@ -1,0 +1,191 @@
+"""`--mm-feature-transport cuda_ipc`: pixel data in the tokenizer's device pool, requests carry pointers.
+
+Sender (tokenizer process, request builder worker threads): each item's pixels are copied into a
+slice of the pool (through a pinned staging buffer, one asynchronous copy on a side stream, waited
+for before the request is sent) and the tensor is replaced by a `CudaIpcPointerMMData`, which pickles
+to metadata only. When the pool has no room within a short wait, that item goes through shared
+memory instead (a `ShmPointerMMData`, as with `--mm-feature-transport cpu`), counted and logged.
+
+The lifecycle mirrors the shm transport (`transport/shm.py`): pointers are materialized by every rank
+after the TP broadcast, each rank releases what it read (the pool's release board), and whatever
+never reaches a scheduler is released where it fails (`release_unsent`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.multimodal.transport.cuda_ipc_pool import CudaIpcPool, PoolDesc, Slice
+from sglang.srt.multimodal.transport.shm import (
+    ShmSpaceError,
+    cleanup_own_segments,
+    unlink_segments,
+    write_segment,
+)
+
+logger = logging.getLogger(__name__)
+
+TOKEN_PREFIX = "cudaipc:"  # unsent-slice tokens share the unsent list with shm segment names
+POOL_FULL_WAIT_S = 0.05  # how long an item waits for the ranks to hand slices back before falling back
+STAGING_MAX_BYTES = 64 << 20  # larger items are copied straight from pageable memory
+
+
+@dataclass
+class CudaIpcPointerMMData:
+    """Where an item's pixels live in a pool: the pool (id and export), slot, byte offset and size,
+    tensor shape and dtype, and the slice's generation (never reused: a check against the pool's
+    release board tells a live slice from a freed one)."""
+
+    pool: PoolDesc
+    slot: int
+    offset: int
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name, e.g. "float32"
+    generation: int
+
+    def __getstate__(self):
+        return {"pool": self.pool, "slot": self.slot, "offset": self.offset, "nbytes": self.nbytes,
+                "shape": self.shape, "dtype": self.dtype, "generation": self.generation}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    @property
+    def token(self) -> str:
+        return f"{TOKEN_PREFIX}{self.pool.pool_id}:{self.slot}:{self.generation}"
+
+
+# pools of this process by id, for `release_unsent` (the tokenizer manager holds names, not pools)
+_LIVE_POOLS: dict[str, CudaIpcPool] = {}
+
+
+def release_unsent(names) -> int:
+    """Releases what a request that never reached a scheduler holds: shm segment names are unlinked,
+    pool slices (tokens) go back to their pool. Idempotent."""
+    names = list(names)
+    segs = [n for n in names if not n.startswith(TOKEN_PREFIX)]
+    n = unlink_segments(segs) if segs else 0
+    for tok in names:
+        if tok.startswith(TOKEN_PREFIX):
+            pool_id, slot, gen = tok[len(TOKEN_PREFIX):].split(":")
+            pool = _LIVE_POOLS.get(pool_id)
+            if pool is not None and pool.discard(int(slot), int(gen)):
+                n += 1
+    return n
+
+
+class _Staging(threading.local):
+    buf: torch.Tensor | None = None
+    stream = None
+
+
+class CudaIpcSender:
+    """Tokenizer side of the transport: owns the pool, copies items in, falls back when it is full."""
+
+    def __init__(self, pool: CudaIpcPool, shm_prefix: str | None, wait_s: float = POOL_FULL_WAIT_S):
+        self.pool = pool
+        self.shm_prefix = shm_prefix  # fallback path; None: a full pool sends the item inline
+        self.wait_s = wait_s
+        self.fallback_count = 0  # items sent another way because the pool was full
+        self._lock = threading.Lock()
+        self._staging = _Staging()
+        _LIVE_POOLS[pool.pool_id] = pool
+
+    # ------------------------------------------------------------------ copy in
+    def _copy_in(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """src (CPU, contiguous) -> dst (a uint8 slice of the pool); complete on return."""
+        src_bytes = src.reshape(-1).view(torch.uint8)
+        if dst.device.type != "cuda":
+            dst.copy_(src_bytes)
+            return
+        st = self._staging
+        if st.stream is None:
+            st.stream = torch.cuda.Stream(device=dst.device)
+        n = src_bytes.numel()
+        with torch.cuda.stream(st.stream):
+            if src.is_pinned() or n > STAGING_MAX_BYTES:
+                dst.copy_(src_bytes, non_blocking=src.is_pinned())
+            else:
+                if st.buf is None or st.buf.numel() < n:
+                    st.buf = torch.empty(max(n, 1 << 20), dtype=torch.uint8, pin_memory=True)
+                st.buf[:n].copy_(src_bytes)
+                dst.copy_(st.buf[:n], non_blocking=True)
+        st.stream.synchronize()  # the bytes are in the pool before any rank can see the pointer
+
+    def to_pool(self, tensor: torch.Tensor) -> CudaIpcPointerMMData | None:
+        """The pointer of a new slice holding `tensor`, or None when the pool has no room in time."""
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        s: Slice | None = self.pool.alloc(nbytes, self.wait_s)
+        if s is None:
+            return None
+        try:
+            if nbytes:
+                self._copy_in(self.pool.view(s), t)
+        except BaseException:
+            self.pool.discard(s.slot, s.generation)
+            raise
+        return CudaIpcPointerMMData(self.pool.desc, s.slot, s.offset, nbytes, tuple(t.shape),
+                                    str(t.dtype).removeprefix("torch."), s.generation)
+
+    def items_to_pool(self, mm_inputs, rid: str = "") -> list[str]:
+        """Moves every tensor feature of a request into the pool (or, for an item that finds no room,
+        into shared memory; if that is full too, it stays inline). Returns the names the caller must
+        release if the request never reaches a scheduler (`release_unsent`). All or nothing on error."""
+        names: list[str] = []
+        originals: list[tuple[object, torch.Tensor]] = []
+        try:
+            for item in mm_inputs.mm_items:
+                if not isinstance(item.feature, torch.Tensor):
+                    continue
+                ptr = self.to_pool(item.feature)
+                if ptr is None:
+                    ptr = self._fallback(item.feature, rid)
+                    if ptr is None:
+                        continue
+                    names.append(ptr.name)
+                else:
+                    names.append(ptr.token)
+                originals.append((item, item.feature))
+                item.feature = ptr
+        except BaseException:
+            for item, tensor in originals:
+                item.feature = tensor
+            release_unsent(names)
+            raise
+        return names
+
+    def _fallback(self, tensor: torch.Tensor, rid: str):
+        with self._lock:
+            self.fallback_count += 1
+            n = self.fallback_count
+        if n == 1 or n % 100 == 0:  # a full pool stays full for a while: do not flood the log
+            logger.warning("cuda_ipc feature pool is full (%d of %d MiB free); an item of request %s goes "
+                           "through %s (%d item(s) so far; raise SGLANG_MM_FEATURE_CACHE_MB)",
+                           self.pool.free_bytes >> 20, self.pool.capacity >> 20, rid,
+                           "shared memory" if self.shm_prefix else "the request itself", n)
+        if self.shm_prefix is None:
+            return None
+        try:
+            return write_segment(tensor, self.shm_prefix)
+        except ShmSpaceError:
+            return None
+
+    def stats(self) -> dict:
+        return {**self.pool.stats(), "cuda_ipc_fallback_count": self.fallback_count}
+
+    def close(self) -> int:
+        """Shutdown: the pool's memory and board go, and this instance's fallback segments."""
+        _LIVE_POOLS.pop(self.pool.pool_id, None)
+        n = self.pool.close()
+        if self.shm_prefix:
+            cleanup_own_segments(self.shm_prefix)
+        return n
