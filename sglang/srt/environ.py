@@ -79,6 +79,12 @@ envs.add("SGLANG_MM_SHM_TRANSPORT", True, _parse_bool,
 envs.add("SGLANG_MM_FEATURE_CACHE_MB", 4096, int,
          "Size (MiB) of the device pool that --mm-feature-transport cuda_ipc copies pixel data into, allocated once "
          "on the tokenizer process's GPU; an item that finds no room within a short wait goes through shared memory.")
+envs.add("SGLANG_USE_IPC_POOL_HANDLE_CACHE", True, _parse_bool,
+         "With --mm-feature-transport cuda_ipc, each scheduler process opens the feature pool's CUDA IPC handle once "
+         "and keeps it (0: baseline, every item opens and closes the handle).")
+envs.add("SGLANG_MM_IPC_DEBUG", False, _parse_bool,
+         "With --mm-feature-transport cuda_ipc, receivers check each slice's generation against the pool's release "
+         "board before and after reading it, and fail loudly on a freed or reused slice.")
 envs.add("SGLANG_VIT_CHUNK_PER_IMAGE", True, _parse_bool,
          "Chunked prefill encodes only the images overlapping each chunk, cached per image hash (0: baseline, "
          "the first chunk touching any image encodes all of the request's images, cached under their combined hash).")

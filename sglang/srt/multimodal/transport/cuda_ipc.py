@@ -189,3 +189,150 @@ class CudaIpcSender:
         if self.shm_prefix:
             cleanup_own_segments(self.shm_prefix)
         return n
+
+
+# ---------------------------------------------------------------------------------------------- receiver
+class StaleSliceError(RuntimeError):
+    """A pointer's slice was freed or reused before this rank finished reading it (a lifecycle bug)."""
+
+
+class CudaIpcReceiver:
+    """Scheduler side (one per process): pointers -> tensors on this rank's device, release stamps.
+
+    Each item is a view of the opened pool at the pointer's offset, copied into a tensor of this rank
+    (on a side stream, so the copy does not wait for the model's queued work; the model's stream waits
+    for it). The slice is stamped as consumed on the release board once its copy has completed,
+    checked without blocking at every receive (`poll`). Pools are opened through the handle cache."""
+
+    def __init__(self, rank: int, cache, debug: bool = False):
+        from sglang.srt.multimodal.transport.cuda_ipc_handle_cache import IpcHandleCache
+
+        self.rank = rank
+        self.cache: IpcHandleCache = cache
+        self.debug = debug
+        self._boards: dict[str, tuple[PoolDesc, object]] = {}
+        self._pending: list[tuple] = []  # (event or None, board, slot, generation, pointer if debug)
+        self._stream = None
+        self.num_items = 0
+        cache.before_close = self._drain  # a pool is never closed under a copy in flight
+
+    def _board(self, desc: PoolDesc):
+        from sglang.srt.multimodal.transport.cuda_ipc_pool import ReleaseBoard
+
+        entry = self._boards.get(desc.pool_id)
+        if entry is None or entry[0] != desc:
+            if entry is not None:
+                entry[1].close()
+            entry = self._boards[desc.pool_id] = (desc, ReleaseBoard.attach(desc))
+        return entry[1]
+
+    def _check(self, board, ptr: CudaIpcPointerMMData, when: str) -> None:
+        live = int(board.gen[ptr.slot])
+        if live != ptr.generation:
+            raise StaleSliceError(f"rank {self.rank}: slice {ptr.slot} of pool {ptr.pool.pool_id} holds generation "
+                                  f"{live}, the pointer {ptr.generation} ({when} reading it)")
+
+    def _read(self, ptr: CudaIpcPointerMMData, base: torch.Tensor):
+        dtype = getattr(torch, ptr.dtype)
+        view = base[ptr.offset:ptr.offset + ptr.nbytes].view(dtype).view(ptr.shape)
+        if base.device.type != "cuda":
+            return view.clone(), None
+        dev = torch.device("cuda", torch.cuda.current_device())
+        cur = torch.cuda.current_stream(dev)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=dev)
+        with torch.cuda.stream(self._stream):
+            out = torch.empty(ptr.shape, dtype=dtype, device=dev)
+            out.copy_(view, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        out.record_stream(cur)
+        cur.wait_event(event)
+        return out, event
+
+    def materialize(self, ptr: CudaIpcPointerMMData) -> torch.Tensor:
+        board = self._board(ptr.pool)
+        if self.debug:
+            self._check(board, ptr, "before")
+        if ptr.nbytes == 0:
+            out, event = torch.empty(ptr.shape, dtype=getattr(torch, ptr.dtype)), None
+        else:
+            out, event = self.cache.read(ptr.pool, lambda base: self._read(ptr, base),
+                                         done=lambda r: r[1] is not None and r[1].synchronize())
+        self._pending.append((event, board, ptr.slot, ptr.generation, ptr if self.debug else None))
+        self.num_items += 1
+        return out
+
+    def _drain(self) -> None:
+        for event, *_ in self._pending:
+            if event is not None:
+                event.synchronize()
+
+    def poll(self) -> int:
+        """Stamps every slice whose copy has completed (in order: one stream); returns how many."""
+        n = 0
+        for event, board, slot, gen, ptr in self._pending:
+            if event is not None and not event.query():
+                break
+            if ptr is not None:
+                self._check(board, ptr, "after")
+            board.stamp(slot, self.rank, gen)
+            n += 1
+        del self._pending[:n]
+        return n
+
+    def stats(self) -> dict:
+        return {**self.cache.stats.as_dict(), "mm_ipc_items": self.num_items}
+
+    def close(self) -> None:
+        self._drain()
+        self.poll()
+        self.cache.close_all()
+        for _, board in self._boards.values():
+            board.close()
+        self._boards.clear()
+
+
+_RECEIVER: CudaIpcReceiver | None = None
+
+
+def get_receiver(rank: int) -> CudaIpcReceiver:
+    """This process's receiver (one handle cache per process), configured from the environment."""
+    global _RECEIVER
+    if _RECEIVER is None:
+        from sglang.srt.environ import envs
+        from sglang.srt.multimodal.transport.cuda_ipc_handle_cache import IpcHandleCache
+
+        _RECEIVER = CudaIpcReceiver(rank, IpcHandleCache(enabled=envs.SGLANG_USE_IPC_POOL_HANDLE_CACHE.get()),
+                                    debug=envs.SGLANG_MM_IPC_DEBUG.get())
+    return _RECEIVER
+
+
+def materialize_ipc_features(msgs: list, rank: int) -> int:
+    """After the TP broadcast, on every rank: pool pointers of the received requests -> tensors; also
+    stamps the slices of earlier receives whose copies have completed. Returns the items read."""
+    if _RECEIVER is not None:
+        _RECEIVER.poll()
+    n = 0
+    for msg in msgs:
+        mm = getattr(msg, "mm_inputs", None)
+        if mm is None:
+            continue
+        for item in mm.mm_items:
+            if isinstance(item.feature, CudaIpcPointerMMData):
+                item.feature = get_receiver(rank).materialize(item.feature)
+                n += 1
+    if n:
+        _RECEIVER.poll()  # host pools and already-finished copies are released at once
+    return n
+
+
+def ipc_receiver_stats() -> dict:
+    return _RECEIVER.stats() if _RECEIVER is not None else {}
+
+
+def close_receiver() -> None:
+    global _RECEIVER
+    if _RECEIVER is not None:
+        _RECEIVER.close()
+        _RECEIVER = None
