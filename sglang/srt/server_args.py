@@ -105,7 +105,8 @@ class ServerArgs:
     mm_feature_transport: str = field(default="cpu", metadata=_arg(
         "how multimodal features reach the schedulers (upstream's names): cpu (host memory: POSIX shared memory "
         "pointers where every rank shares this host, SGLANG_MM_SHM_TRANSPORT=0 for the inline-pickle baseline); "
-        "cuda_ipc (GPU pool handles: not built yet); shm is accepted as an alias of cpu",
+        "cuda_ipc (CUDA machines, one host: pixels copied into a GPU pool of SGLANG_MM_FEATURE_CACHE_MB that every "
+        "rank opens once by IPC handle); shm is accepted as an alias of cpu",
         choices=("cpu", "cuda_ipc", "shm")))
     stream_interval: int = field(default=1, metadata=_arg("decode steps between streamed chunks"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
@@ -154,7 +155,9 @@ class ServerArgs:
         if self.mm_feature_transport == "shm":  # this engine's earlier name for the same behaviour
             object.__setattr__(self, "mm_feature_transport", "cpu")
         if self.mm_feature_transport == "cuda_ipc":
-            problems.append("--mm-feature-transport cuda_ipc: not built yet; use cpu (shared memory on one host)")
+            problem = _cuda_ipc_problem(self)
+            if problem:
+                problems.append(f"--mm-feature-transport cuda_ipc: {problem}; use cpu (shared memory on one host)")
         if self.dp_size != 1:
             problems.append(f"--dp-size {self.dp_size}: data parallelism is not supported; run {self.dp_size} "
                             "servers behind a router (use --tp-size to spread one model over GPUs)")
@@ -292,6 +295,19 @@ def log_ignored_flags(args: "ServerArgs", device: str) -> list[str]:
     for line in lines:
         logging.getLogger(__name__).info(line)
     return lines
+
+
+def _cuda_ipc_problem(args: "ServerArgs") -> str | None:
+    """Why the cuda_ipc transport cannot run here, or None."""
+    if args.device == "cpu":
+        return "needs a CUDA device, and --device is cpu"
+    if args.nnodes > 1:
+        return "CUDA IPC handles reach only the GPUs of one host, and --nnodes is > 1"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA device, and torch sees none"
+    return None
 
 
 def _base_type(typ):

@@ -102,10 +102,25 @@ def test_feature_transport_takes_upstream_names():
 
     assert ServerArgs().mm_feature_transport == "cpu"
     assert ServerArgs(mm_feature_transport="shm").mm_feature_transport == "cpu"  # this engine's earlier name
-    with pytest.raises(ValueError, match="cuda_ipc: not built yet"):
-        ServerArgs(mm_feature_transport="cuda_ipc")
     assert use_shm_transport(ServerArgs()) is True
     assert use_shm_transport(ServerArgs(nnodes=2, node_rank=0, dist_init_addr="127.0.0.1:5000", tp_size=2)) is False
+
+
+def test_cuda_ipc_transport_needs_cuda_on_one_host(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="^--mm-feature-transport cuda_ipc: needs a CUDA device, and torch sees none"):
+        ServerArgs(mm_feature_transport="cuda_ipc")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert ServerArgs(mm_feature_transport="cuda_ipc").mm_feature_transport == "cuda_ipc"
+    with pytest.raises(ValueError, match="--device is cpu"):
+        ServerArgs(mm_feature_transport="cuda_ipc", device="cpu")
+    with pytest.raises(ValueError, match="one host"):
+        ServerArgs(mm_feature_transport="cuda_ipc", nnodes=2, node_rank=0, dist_init_addr="127.0.0.1:5000", tp_size=2)
+    from sglang.srt.managers.request_builder import use_shm_transport
+
+    assert use_shm_transport(ServerArgs(mm_feature_transport="cuda_ipc")) is False  # items go to the pool
 
 
 def test_shm_switch_off_is_the_inline_baseline(monkeypatch):

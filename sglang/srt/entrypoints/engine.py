@@ -81,7 +81,7 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
     from sglang.srt.server_args import log_ignored_flags
 
     log_ignored_flags(server_args, server_args.resolved_device())
-    if server_args.mm_feature_transport == "cpu":
+    if server_args.mm_feature_transport in ("cpu", "cuda_ipc"):  # cuda_ipc: its release board, shm fallbacks
         from sglang.srt.multimodal.transport.shm import cleanup_stale_segments
 
         removed = cleanup_stale_segments(server_args.port)

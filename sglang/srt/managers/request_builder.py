@@ -23,12 +23,12 @@ from sglang.srt.environ import envs
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
+from sglang.srt.multimodal.transport.cuda_ipc import make_sender, release_unsent
 from sglang.srt.multimodal.transport.shm import (
     ShmSpaceError,
     cleanup_own_segments,
     mm_items_to_shm,
     segment_prefix,
-    unlink_segments,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -105,6 +105,7 @@ class RequestBuilder:
         self.shm_prefix = segment_prefix(server_args.port) if use_shm_transport(server_args) else None
         self.unsent_shm: dict[str, tuple[list[str], float]] = {}  # rid -> (segment names, time built)
         self.shm_fallback_count = 0  # requests sent inline because /dev/shm was full
+        self.ipc = make_sender(server_args)  # --mm-feature-transport cuda_ipc: the GPU feature pool
         self._unsent_lock = threading.Lock()
         self.precompute_hash = precompute_hash_enabled()  # SGLANG_MM_PRECOMPUTE_HASH
         self.hash_algo = configured_hash_algo()  # SGLANG_MM_HASH_ALGO
@@ -127,10 +128,12 @@ class RequestBuilder:
         self.image_pool.shutdown(wait=False, cancel_futures=True)
         with self._unsent_lock:
             for names, _ in self.unsent_shm.values():
-                unlink_segments(names)
+                release_unsent(names)
             self.unsent_shm.clear()
         if self.shm_prefix:
             cleanup_own_segments(self.shm_prefix)  # shutdown: nothing of this instance is needed any more
+        if self.ipc is not None:
+            self.ipc.close()
 
     # ------------------------------------------------------------------ event loop side
     def check(self, obj: GenerateReqInput, rid: str) -> CheckedRequest:
@@ -200,10 +203,12 @@ class RequestBuilder:
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
         names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []
+        if mm_inputs is not None and self.ipc is not None:
+            names = self.ipc.items_to_pool(mm_inputs, req.rid)
         try:
             payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException:
-            unlink_segments(names)
+            release_unsent(names)
             raise
         if names:
             # Registered here, in the worker thread, so a caller cancelled while awaiting this build

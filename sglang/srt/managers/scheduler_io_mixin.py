@@ -22,6 +22,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.mm_utils import pad_input_ids
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.multimodal.hashing import ensure_item_hashes
+from sglang.srt.multimodal.transport.cuda_ipc import ipc_receiver_stats, materialize_ipc_features
 from sglang.srt.multimodal.transport.shm import materialize_mm_features, unlink_segments
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,11 @@ class SchedulerIOMixin:
 
     def _unwrap_shm_features(self, msgs: list) -> None:
         """Pixel data sent through shared memory is mapped only now, after the broadcast carried its
-        metadata to every rank; once all ranks hold a mapping, rank 0 unlinks the names (once)."""
+        metadata to every rank; once all ranks hold a mapping, rank 0 unlinks the names (once).
+        With --mm-feature-transport cuda_ipc, pool pointers become tensors here too (each rank releases
+        its own reads; items that fell back to shared memory follow the shm path below)."""
+        if getattr(getattr(self, "server_args", None), "mm_feature_transport", None) == "cuda_ipc":
+            materialize_ipc_features(msgs, self.tp.rank)
         names = materialize_mm_features(msgs)
         if not names:
             return
@@ -171,4 +176,5 @@ class SchedulerIOMixin:
             "num_request_errors": self.num_request_errors,
             "context_length": self.context_length,
             **self.worker.mm_stats(),
+            **ipc_receiver_stats(),
         }

@@ -35,7 +35,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.request_builder import GenerateError, RequestBuilder, ServerUnhealthyError
 from sglang.srt.metrics.prometheus import ServingMetrics
-from sglang.srt.multimodal.transport.shm import unlink_segments
+from sglang.srt.multimodal.transport.cuda_ipc import release_unsent
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.metrics.stage_timer import rounded
 
@@ -234,7 +234,7 @@ class TokenizerManager:
                 self._raise_if_unhealthy()
                 await self._send_sock.send(payload, copy=False)
             except BaseException:
-                unlink_segments(unsent)  # never reached a scheduler: nobody else will unlink
+                release_unsent(unsent)  # never reached a scheduler: nobody else will release it
                 self._raise_if_unhealthy()  # the socket went away with a shutdown: 503, not a 500
                 raise
             if self.stage_timer.enabled:
@@ -359,7 +359,7 @@ class TokenizerManager:
         between preparing and sending). Sent requests' segments are the schedulers' to unlink."""
         while True:
             await asyncio.sleep(max_age_s / 4)
-            unlink_segments(self.builder.expired_unsent_shm(max_age_s))
+            release_unsent(self.builder.expired_unsent_shm(max_age_s))
 
     def _observe(self, state: _ReqState, new_tokens: int) -> None:
         now = time.time()
@@ -386,6 +386,8 @@ class TokenizerManager:
         out = await self._control(GetServerInfoReq(), timeout)
         info = dict(out.info)
         info["shm_fallback_count"] = self.builder.shm_fallback_count
+        if getattr(self.builder, "ipc", None) is not None:
+            info.update(self.builder.ipc.stats())
         return info
 
     async def _control(self, req: Any, timeout: float) -> Any:

@@ -336,3 +336,20 @@ def close_receiver() -> None:
     if _RECEIVER is not None:
         _RECEIVER.close()
         _RECEIVER = None
+
+
+# ---------------------------------------------------------------------------------------------- wiring
+def make_sender(server_args) -> CudaIpcSender | None:
+    """The tokenizer process's sender under `--mm-feature-transport cuda_ipc` (None otherwise): a pool
+    of SGLANG_MM_FEATURE_CACHE_MB on this process's CUDA device, read by every local TP rank; a full
+    pool falls back to shared memory unless SGLANG_MM_SHM_TRANSPORT=0."""
+    if server_args.mm_feature_transport != "cuda_ipc":
+        return None
+    from sglang.srt.environ import envs
+    from sglang.srt.multimodal.transport.shm import segment_prefix
+
+    prefix = segment_prefix(server_args.port)
+    pool = CudaIpcPool(envs.SGLANG_MM_FEATURE_CACHE_MB.get() << 20, len(server_args.local_tp_ranks()), prefix)
+    logger.info("cuda_ipc feature pool: %d MiB on %s, %d rank(s)", pool.capacity >> 20,
+                pool.memory.buffer.device, pool.num_ranks)
+    return CudaIpcSender(pool, prefix if envs.SGLANG_MM_SHM_TRANSPORT.get() else None)

@@ -249,6 +249,8 @@ class CudaIpcPool:
         return len(self._outstanding)
 
     def stats(self) -> dict:
+        if not self.closed:
+            self.reclaim()  # what the ranks have handed back since the last allocation
         return {"cuda_ipc_pool_bytes": self.capacity, "cuda_ipc_pool_free_bytes": self.free_bytes,
                 "cuda_ipc_outstanding_slices": self.num_outstanding}
 
