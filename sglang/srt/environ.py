@@ -103,6 +103,12 @@ envs.add("SGLANG_MM_HASH_ALGO", "xxh3_128", lambda raw: _parse_choice(raw, ("xxh
          "Image content hash: xxh3_128, blake3 (both over dtype, shape, grid and bytes) or sha256 (the baseline, bytes "
          "only). Unset: xxh3_128, or sha256 when SGLANG_MM_PRECOMPUTE_HASH=0.")
 
+envs.add("SGLANG_GPU_IMAGE_DECODE", "auto", lambda raw: _parse_choice(raw, ("0", "1", "auto"), _BOOL_ALIASES),
+         "JPEG images travel compressed: the tokenizer reads only the header (grid, placeholder count) and the "
+         "vision side decodes, resizes, normalizes and patchifies them, batched with nvJPEG on CUDA or with PIL "
+         "(bit-identical to the baseline) elsewhere (0: baseline, PIL in the tokenizer, float32 pixels sent; "
+         "1: deferred everywhere; auto: deferred where the model runs on CUDA and torchvision is installed).")
+
 
 def main() -> None:
     for var in envs.all():

@@ -20,6 +20,7 @@ from typing import Any
 from sglang.srt.managers.chat_messages import split_chat_images
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.environ import envs
+from sglang.srt.multimodal.deferred_decode import deferred_decode_enabled
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
@@ -94,6 +95,7 @@ class RequestBuilder:
             self.processor = get_processor_class(archs, model_type).from_pretrained(
                 model_path, self.tokenizer, allowed_local_media_path=server_args.allowed_local_media_path
             )
+            self.processor.deferred_jpeg = deferred_decode_enabled(server_args.resolved_device())  # gpu-jpeg-decode
         self.fetcher = MediaFetcher(server_args.media_fetch_timeout, server_args.media_max_bytes,
                                     HostPolicy(tuple(server_args.allowed_media_domains or ()),
                                                server_args.allow_private_media_urls))

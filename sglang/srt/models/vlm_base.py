@@ -9,6 +9,8 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+from sglang.srt.multimodal.deferred_decode import materialize_pixels
+from sglang.srt.multimodal.mm_types import EncodedImage
 
 
 class QwenVLForConditionalGenerationBase(nn.Module):
@@ -63,7 +65,10 @@ class QwenVLForConditionalGenerationBase(nn.Module):
         if not items:
             return []
         device = next(self.visual.parameters()).device
-        pixels = torch.cat([torch.as_tensor(it.feature).to(device) for it in items], dim=0)
+        if any(isinstance(it.feature, EncodedImage) for it in items):  # SGLANG_GPU_IMAGE_DECODE
+            pixels = materialize_pixels(items, device)
+        else:
+            pixels = torch.cat([torch.as_tensor(it.feature).to(device) for it in items], dim=0)
         grids = [tuple(int(v) for v in it.image_grid_thw) for it in items]
         out = self.visual(pixels, grids)
         merge2 = self.config.vision.spatial_merge_size**2

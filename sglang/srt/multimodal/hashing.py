@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sglang.srt.multimodal.mm_types import EncodedImage
+
 # Pad values stay below 2**30 (as upstream) so they fit any int32 id tensor.
 PAD_VALUE_MODULUS = 1 << 30
 
@@ -75,6 +77,8 @@ def feature_hash(feature, algo: str = DEFAULT_HASH_ALGO, grid_thw=None) -> int:
     """Content hash of one item's feature as a non-negative int (64 bits for sha256, 128 otherwise).
 
     Pure and thread-safe; xxhash and blake3 release the GIL while they digest the buffer."""
+    if isinstance(feature, EncodedImage):
+        return encoded_image_hash(feature, algo)
     if algo == "sha256":
         return sha256_feature_hash(feature)
     view = _as_bytes_view(feature)
@@ -89,6 +93,32 @@ def feature_hash(feature, algo: str = DEFAULT_HASH_ALGO, grid_thw=None) -> int:
 
         h = blake3.blake3(_header(feature, grid_thw))
         h.update(view)
+        return int.from_bytes(h.digest(16), "little")
+    raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
+
+
+def encoded_image_hash(enc: EncodedImage, algo: str = DEFAULT_HASH_ALGO) -> int:
+    """Hash of a deferred image (SGLANG_GPU_IMAGE_DECODE): its compressed bytes plus the target grid
+    and the preprocessing config, so the same file sized or normalized differently never matches."""
+    cfg = enc.processor
+    params = (cfg.patch_size, cfg.temporal_patch_size, cfg.merge_size, cfg.image_mean, cfg.image_std,
+              cfg.do_rescale, cfg.rescale_factor, cfg.do_normalize, cfg.resample) if cfg is not None else ()
+    header = f"encoded-jpeg|{tuple(enc.target_hw)}|{tuple(enc.grid_thw)}|{params}|".encode()
+    if algo == "sha256":
+        h = hashlib.sha256(header)
+        h.update(enc.data)
+        return int.from_bytes(h.digest()[:8], "little")
+    if algo == "xxh3_128":
+        import xxhash
+
+        h = xxhash.xxh3_128(header)
+        h.update(enc.data)
+        return h.intdigest()
+    if algo == "blake3":
+        import blake3
+
+        h = blake3.blake3(header)
+        h.update(enc.data)
         return int.from_bytes(h.digest(16), "little")
     raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
 

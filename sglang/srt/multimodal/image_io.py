@@ -140,6 +140,28 @@ def load_image(
     return image
 
 
+def load_image_bytes(
+    source: ImageInput,
+    *,
+    allowed_local_media_path: str | None = None,
+    fetcher: UrlFetcher | None = None,
+) -> bytes | None:
+    """The encoded file behind ``source`` (the first step of ``load_image``, same sources, same
+    errors), or None for a ``PIL.Image.Image``, which has no encoded form."""
+    if isinstance(source, Image.Image):
+        return None
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    if isinstance(source, os.PathLike):
+        return read_local_file(os.fspath(source), allowed_local_media_path)
+    if isinstance(source, str):
+        return _string_to_bytes(source, allowed_local_media_path, fetcher)
+    raise ImageLoadError(
+        f"unsupported image input type {type(source).__name__}: expected bytes, a base64 string, "
+        "a data URL, a local file path or a PIL image"
+    )
+
+
 def decode_image_bytes(
     data: bytes,
     *,

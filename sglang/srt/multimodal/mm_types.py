@@ -24,6 +24,29 @@ class Modality(enum.Enum):
 
 
 @dataclass
+class EncodedImage:
+    """A still image whose pixels are produced where the vision tower runs (SGLANG_GPU_IMAGE_DECODE):
+    the compressed file, plus what the tokenizer read from its header.
+
+    ``data`` is the JPEG file as received; ``target_hw`` the size it is resized to (``smart_resize``
+    of the EXIF-oriented size), so ``grid_thw`` and the placeholder count are fixed before any pixel
+    is decoded; ``orientation`` the EXIF orientation (1-8); ``processor`` the image processor
+    config (rescale, normalize, patchify) the decoding side applies. Only plain JPEGs are deferred
+    (8-bit sequential Huffman, gray or YCbCr, common chroma layout: see ``JpegHeader.simple_reason``).
+    """
+
+    data: bytes
+    target_hw: tuple[int, int]
+    grid_thw: tuple[int, int, int]
+    orientation: int = 1
+    processor: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass
 class MultimodalDataItem:
     """One image (or video) of a request.
 
@@ -31,7 +54,8 @@ class MultimodalDataItem:
         modality: IMAGE or VIDEO.
         feature: ``pixel_values`` for this item, shape
             ``(num_patches, C * temporal_patch_size * patch_size * patch_size)``,
-            float32 (a torch tensor or numpy array).
+            float32 (a torch tensor or numpy array); or an :class:`EncodedImage` (compressed JPEG,
+            decoded where the vision tower runs: ``multimodal/deferred_decode.py``).
         image_grid_thw: ``(t, h, w)`` of the item in patches (before the spatial merge).
         offsets: half-open ``(start, end)`` token ranges in the request's input ids
             covered by this item's placeholder (``<|image_pad|>``) tokens.

@@ -37,6 +37,9 @@ class BaseMultimodalProcessor(ABC):
 
     #: HF ``model_type`` values this processor handles (informational).
     model_types: tuple[str, ...] = ()
+    #: SGLANG_GPU_IMAGE_DECODE: plain JPEGs are sized from their header and sent compressed
+    #: (set by the request builder; processors that do not support it ignore it).
+    deferred_jpeg: bool = False
 
     def __init__(
         self,

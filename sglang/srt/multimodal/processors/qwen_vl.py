@@ -22,7 +22,7 @@ import json
 import math
 import os
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -34,6 +34,7 @@ from sglang.srt.multimodal.image_io import (
     ImageInput,
     ImageLoadError,
     load_image,
+    load_image_bytes,
     to_rgb,
 )
 from sglang.srt.multimodal.mm_types import (
@@ -41,6 +42,7 @@ from sglang.srt.multimodal.mm_types import (
     QWEN_VIDEO_TOKEN_ID,
     QWEN_VISION_END_TOKEN_ID,
     QWEN_VISION_START_TOKEN_ID,
+    EncodedImage,
     Modality,
     MultimodalDataItem,
     MultimodalInputs,
@@ -142,6 +144,11 @@ class QwenVLImageProcessor:
         object.__setattr__(self, "image_std", tuple(float(v) for v in self.image_std))
         object.__setattr__(self, "_lut", self._build_lut())
 
+    def __reduce__(self):
+        """Pickled as its init fields only (it travels inside deferred images): the LUT is rebuilt."""
+        names = [f.name for f in fields(self) if f.init]
+        return _rebuild_image_processor, (type(self), tuple((n, getattr(self, n)) for n in names))
+
     # ------------------------------------------------------------------ #
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "QwenVLImageProcessor":
@@ -242,6 +249,10 @@ class QwenVLImageProcessor:
         }
 
 
+def _rebuild_image_processor(cls, items):
+    return cls(**dict(items))
+
+
 def process_image(image: Image.Image, cfg: QwenVLImageProcessor) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Pure per-image preprocessing (convert, resize, rescale, normalize, patchify)."""
     image = to_rgb(image)
@@ -250,6 +261,13 @@ def process_image(image: Image.Image, cfg: QwenVLImageProcessor) -> tuple[np.nda
         rh, rw = cfg.get_resized_size(height, width)
     except SmartResizeError as e:
         raise ImageLoadError(str(e)) from e
+    return resize_and_patchify(image, cfg, rh, rw)
+
+
+def resize_and_patchify(
+    image: Image.Image, cfg: QwenVLImageProcessor, rh: int, rw: int
+) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """An RGB image resized to ``(rh, rw)`` (unless ``do_resize`` is off), rescaled, normalized, patchified."""
     p, m, T = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
     if rh % (p * m) or rw % (p * m):
         raise ImageLoadError(
@@ -277,7 +295,7 @@ def process_image(image: Image.Image, cfg: QwenVLImageProcessor) -> tuple[np.nda
 
 @dataclass
 class ProcessedImage:
-    pixel_values: np.ndarray
+    pixel_values: np.ndarray | EncodedImage
     grid_thw: tuple[int, int, int]
 
 
@@ -405,7 +423,18 @@ class QwenVLProcessor(BaseMultimodalProcessor):
 
     # ------------------------------------------------------------------ #
     def load_and_process_image(self, source: ImageInput) -> ProcessedImage:
-        """Decode + preprocess one image; pure and thread-safe."""
+        """Decode + preprocess one image; pure and thread-safe. With `deferred_jpeg`, a plain JPEG is
+        only sized from its header and its pixel_values is an `EncodedImage` (decoded where the vision
+        tower runs); everything else takes the full path."""
+        if self.deferred_jpeg:
+            data = load_image_bytes(source, allowed_local_media_path=self.allowed_local_media_path)
+            if data is not None:
+                from sglang.srt.multimodal.deferred_decode import defer_jpeg
+
+                enc = defer_jpeg(data, self.image_processor, self.max_image_pixels)
+                if enc is not None:
+                    return ProcessedImage(enc, enc.grid_thw)
+                source = data
         return load_and_process_image(
             source,
             self.image_processor,
@@ -467,7 +496,8 @@ class QwenVLProcessor(BaseMultimodalProcessor):
             items.append(
                 MultimodalDataItem(
                     modality=Modality.IMAGE,
-                    feature=torch.from_numpy(pim.pixel_values),
+                    feature=pim.pixel_values if isinstance(pim.pixel_values, EncodedImage)
+                    else torch.from_numpy(pim.pixel_values),
                     image_grid_thw=(int(t), int(gh), int(gw)),
                     offsets=[(start, start + n_tok)],
                     spatial_merge_size=self.spatial_merge_size,
