@@ -42,14 +42,15 @@ _logged: set[str] = set()
 
 
 def _note(event: str, fallback: bool = True) -> None:
-    """Counts an event; a fallback is logged the first time its reason is seen in this process."""
+    """Counts an event; each kind is logged the first time it happens in this process."""
     with _lock:
         _counts[event] += 1
-        first = fallback and event not in _logged
+        first = event not in _logged
         if first:
             _logged.add(event)
     if first:
-        logger.info("deferred image decode: %s -> falls back (logged once; see deferred_decode.stats())", event)
+        logger.info("deferred image decode: %s%s (logged once; counts in deferred_decode.stats())", event,
+                    " -> falls back" if fallback else "")
 
 
 def stats() -> dict[str, int]:
