@@ -210,7 +210,7 @@ def resize_like_pil(x: torch.Tensor, rh: int, rw: int) -> torch.Tensor:
     """(C, H, W) uint8 -> (C, rh, rw) uint8: bicubic (a = -0.5) with antialiasing as two 1-D passes, each
     rounded to uint8 like PIL's resampler. The pass order matters where the first pass clips overshoot;
     measured against Pillow 13 on random sizes, it runs the horizontal pass first unless the vertical
-    kernel is wider (97.5% of shape pairs; the others differ by a few levels near clipped edges). PIL's
+    kernel is wider (91-97.5% of shape pairs; the others differ by a few levels near clipped edges). PIL's
     coefficients are fixed-point, so a value may also differ by one level."""
     _, h, w = x.shape
     if (h, w) == (rh, rw):
