@@ -3,8 +3,8 @@
 One `--grid` spec is `NAME=V1,V2,...`:
 - NAME is a server flag without or with its leading dashes (`chunked-prefill-size`, `--page-size`,
   underscores accepted), or an environment variable of the server (all capitals: `SGLANG_MM_SHM_TRANSPORT`);
-- values are split on `|` when the list has one (so a value may hold commas: `cuda-graph-bs=1,2,4|1,2,4,8`),
-  else on `,`; a value with spaces becomes several words (`cuda-graph-bs=1 2 4,8 16`);
+- values are split on `|` when the list has one (so a value may hold commas: `cuda-graph-bs=1,2,4|1,2,4,8`;
+  a single such value ends with `|`: `cuda-graph-bs=1,2,4|`), else on `,`; a value with spaces becomes several words (`cuda-graph-bs=1 2 4,8 16`);
 - a bare flag (`--disable-radix-cache`) takes on/off (also true/false, yes/no, 1/0): on passes the flag;
 - the value `default` leaves the flag (or the variable) out, so the server's default is one of the points.
 
@@ -72,6 +72,8 @@ def normalize_name(raw: str) -> str:
 
 def split_values(raw: str) -> tuple[str, ...]:
     parts = raw.split("|") if "|" in raw else raw.split(",")
+    if "|" in raw and raw.endswith("|"):  # `NAME=1,2,4|`: one value holding commas
+        parts = parts[:-1]
     values = tuple(" ".join(p.split()) for p in parts)
     if not values or any(not v for v in values):
         raise GridError(f"empty value in {raw!r}")
@@ -92,8 +94,9 @@ def parse_axis(spec: str) -> Axis:
 
 def format_axis(axis: Axis) -> str:
     """The spec `parse_axis` reads back as `axis`."""
-    sep = "|" if any("," in v for v in axis.values) else ","
-    return f"{axis.name}={sep.join(axis.values)}"
+    if not any("," in v for v in axis.values):
+        return f"{axis.name}={','.join(axis.values)}"
+    return f"{axis.name}={'|'.join(axis.values)}" + ("|" if len(axis.values) == 1 else "")
 
 
 def parse_grid(specs: Iterable[str]) -> list[Axis]:
