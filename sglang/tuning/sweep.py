@@ -78,7 +78,7 @@ def run_sweep(plan: Plan, store: ResultsStore) -> Outcome:
             if plan.time_budget_s is not None and time.monotonic() - t0 >= plan.time_budget_s:
                 out.budget_hit = True
                 break
-            out.ran += _run_config(plan, store, config, concs, logs / log_name(i, config.key), bar, t0, out)
+            _run_config(plan, store, config, concs, logs / log_name(i, config.key), bar, t0, out)
             if out.budget_hit:
                 break
     except KeyboardInterrupt:
@@ -91,29 +91,30 @@ def run_sweep(plan: Plan, store: ResultsStore) -> Outcome:
 
 
 def _run_config(plan: Plan, store: ResultsStore, config: Config, concs: list, log_path: Path, bar, t0: float,
-                out: Outcome) -> int:
+                out: Outcome) -> None:
+    """Runs `concs` on one server; counts each recorded run in `out.ran` as soon as it is written."""
     argv = plan.base_argv + config_argv(config, plan.kinds)
     env = {**plan.server_env, **config_env(config)}
     base = {"fingerprint": plan.fingerprint, "key": config.key, "config": config.as_dict(), "server_argv": argv,
             "config_env": config_env(config), "log": str(log_path)}
     _say(bar, f"[{config.key}] starting the server (log {log_path})")
     server = ServerHandle(argv, log_path, env=env)
-    done = 0
     try:
         try:
             start_s = server.wait_healthy(plan.start_timeout_s)
         except ServerStartError as e:
             for conc in concs:
                 store.append({**base, "concurrency": conc, "status": "failed", "error": str(e)[:4000]})
+                out.ran += 1
                 bar.update(1)
             _say(bar, f"[{config.key}] failed to start: {str(e).splitlines()[0]}")
-            return len(concs)
-        for conc in concs:
-            if done and plan.time_budget_s is not None and time.monotonic() - t0 >= plan.time_budget_s:
+            return
+        for n, conc in enumerate(concs):
+            if n and plan.time_budget_s is not None and time.monotonic() - t0 >= plan.time_budget_s:
                 out.budget_hit = True
                 break
             store.append(_one_run(plan, server, base, conc, start_s, log_path))
-            done += 1
+            out.ran += 1
             bar.update(1)
             rec = store.latest(plan.fingerprint).get((plan.fingerprint, config.key, conc), {})
             _say(bar, f"[{config.key}] conc={conc}: {_summary(rec)}")
@@ -121,7 +122,6 @@ def _run_config(plan: Plan, store: ResultsStore, config: Config, concs: list, lo
         code = server.stop(plan.stop_timeout_s)
         if code not in (0, None):
             _say(bar, f"[{config.key}] server exited with code {code} (log {log_path})")
-    return done
 
 
 def _one_run(plan: Plan, server: ServerHandle, base: dict, conc, start_s: float, log_path: Path) -> dict[str, Any]:
