@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"python -m sglang.tune: {e}")
     wl.check_passthrough(passthrough)
     parts: dict[str, Any] = {"base_argv": base_argv, "server_env": server_env}
+    inherited = wl.registered_env()
+    if inherited:
+        parts["inherited_env"] = inherited
     if args.trace:
         from sglang.benchmark.datasets import DatasetError
         from sglang.tuning.trace import read_trace_records

@@ -136,12 +136,13 @@ class ServerHandle:
         self.url = f"http://{host}:{self.port}"
         self.log_path = log_path
         self.cmd = [python, "-m", "sglang.launch_server", "--host", host, "--port", str(self.port), *argv]
-        full_env = dict(os.environ)
-        full_env.update(env or {})
+        # The server inherits this environment; extra variables go through env(1), which execs the server
+        # (same pid), so that only sglang/srt/environ.py ever reads os.environ.
+        prefix = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
         self._log = open(log_path, "ab")
-        self._log.write(("$ " + " ".join(self.cmd) + "\n").encode())
+        self._log.write(("$ " + " ".join(prefix + self.cmd) + "\n").encode())
         self._log.flush()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
+        self.proc = subprocess.Popen(prefix + self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.pgid = self.proc.pid  # leader of its own session and process group
 

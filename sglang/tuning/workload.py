@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +155,8 @@ async def _replay(cfg, trace, warmup, tokenizer):
         return await runner._send_all(session, cfg, timed, trace.offsets, "trace")
 
 
-def env_summary(env: dict[str, str]) -> dict[str, str]:
-    """The SGLANG_* and OMP variables a result depends on (recorded with it)."""
-    return {k: v for k, v in sorted({**os.environ, **env}.items()) if k.startswith(("SGLANG_", "OMP_"))}
+def registered_env() -> dict[str, str]:
+    """The SGLANG_* switches set in this environment (servers inherit them), for the fingerprint."""
+    from sglang.srt.environ import envs
+
+    return {v.name: str(v.get()) for v in envs.all() if v.is_set()}
