@@ -15,17 +15,21 @@ from dataclasses import dataclass
 class ViTStrategy:
     """patch_embed_linear: the patch embedding as one Linear, Conv3d checkpoint weights reshaped at load
     (False: the baseline Conv3d). fast_pos_embed: position-embedding interpolation and 2D rotary indices
-    cached per grid shape (False: the baseline, recomputed every forward). The defaults are the switches'
-    defaults."""
+    cached per grid shape (False: the baseline, recomputed every forward). ulysses_sp: the server flag
+    `--enable-vit-ulysses-sp` (not an environment switch; the runner passes it to `from_env`): at TP > 1
+    the tower's weights are replicated and its tokens split over the ranks (False: the TP-sharded tower).
+    The defaults are the switches' defaults."""
 
     patch_embed_linear: bool = True
     fast_pos_embed: bool = True
+    ulysses_sp: bool = False
 
     @classmethod
-    def from_env(cls) -> "ViTStrategy":
+    def from_env(cls, ulysses_sp: bool = False) -> "ViTStrategy":
         from sglang.srt.environ import envs
 
         return cls(
             patch_embed_linear=envs.SGLANG_VIT_PATCH_EMBED_LINEAR.get(),
             fast_pos_embed=envs.SGLANG_VIT_FAST_POS_EMBED.get(),
+            ulysses_sp=ulysses_sp,
         )

@@ -117,8 +117,8 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(dim, num_heads, tp, dtype)
         self.mlp = mlp
 
-    def forward(self, x, cu_seqlens: list[int], cos: torch.Tensor, sin: torch.Tensor):
-        x = x + self.attn(self.norm1(x), cu_seqlens, cos, sin)
+    def forward(self, x, cu_seqlens: list[int], cos: torch.Tensor, sin: torch.Tensor, sp=None):
+        x = x + self.attn(self.norm1(x), cu_seqlens, cos, sin, sp)
         return x + self.mlp(self.norm2(x))
 
 

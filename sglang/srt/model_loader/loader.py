@@ -90,4 +90,17 @@ def get_model(
         model = cls(config, tp=tp, dtype=torch_dtype, vit=vit)
     load_weights(model, iterate_weights(model_path, lazy=True))
     logger.info("loaded %s from %s (%s, tp %d/%d)", config.architecture, model_path, torch_dtype, tp.rank, tp.size)
+    if vit.ulysses_sp and tp.size > 1:
+        log_replicated_vision_memory(model, tp)
     return model.eval()
+
+
+def log_replicated_vision_memory(model: nn.Module, tp: TPInfo) -> str:
+    """--enable-vit-ulysses-sp: the vision tower is whole on every rank; say what that costs."""
+    nbytes = sum(p.numel() * p.element_size() for p in model.visual.parameters())
+    line = (
+        f"vit-ulysses-sp: vision tower weights replicated on each of {tp.size} ranks: {nbytes / 2**20:.1f} MiB "
+        f"per rank ({nbytes / tp.size / 2**20:.1f} MiB when TP-sharded, +{nbytes * (tp.size - 1) / tp.size / 2**20:.1f} MiB)"
+    )
+    logger.info(line)
+    return line

@@ -10,6 +10,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig, VisionConfig
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.distributed.sequence_parallel import UlyssesShards, plan_sequence_split, vision_tower_parallelism
 from sglang.srt.layers.layernorm import LayerNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
@@ -32,7 +33,8 @@ class Qwen3VLPatchMerger(nn.Module):
         self.linear_fc2 = RowParallelLinear(self.folded, cfg.out_hidden_size, bias=True, tp=tp, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x.view(-1, self.folded)) if self.postshuffle_norm else self.norm(x).view(-1, self.folded)
+        rows = x.numel() // self.folded  # explicit: a Ulysses shard may hold no tokens
+        x = self.norm(x.view(rows, self.folded)) if self.postshuffle_norm else self.norm(x).view(rows, self.folded)
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
@@ -44,11 +46,14 @@ class Qwen3VisionTransformer(nn.Module):
         dtype=None,
         patch_embed_linear: bool = True,
         fast_pos_embed: bool = True,
+        sp: TPInfo | None = None,
     ):
         """`patch_embed_linear` / `fast_pos_embed`: the fields of `ViTStrategy` (SGLANG_VIT_PATCH_EMBED_LINEAR /
-        SGLANG_VIT_FAST_POS_EMBED, resolved by the caller)."""
+        SGLANG_VIT_FAST_POS_EMBED, resolved by the caller). `sp`: the group the tokens are split over
+        (`--enable-vit-ulysses-sp`; `tp` is then single-rank); None: every rank runs every token."""
         super().__init__()
         self.cfg = cfg
+        self.sp = sp
         self.merge = cfg.spatial_merge_size
         self.patch_embed = make_patch_embed(
             patch_embed_linear, cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size,
@@ -118,6 +123,8 @@ class Qwen3VisionTransformer(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
         """-> (merged tokens, out_hidden * (1 + num_deepstack)): [main | deepstack_0 | ...]."""
+        if self.sp is not None:
+            return self.forward_ulysses(pixel_values, grid_thw)
         x = self.patch_embed(pixel_values)
         x = x + self.pos_embeds(grid_thw, x.dtype)
         cos, sin = self.rotary_cos_sin(grid_thw, x.device)
@@ -129,6 +136,25 @@ class Qwen3VisionTransformer(nn.Module):
                 deepstack.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x))
         return torch.cat([self.merger(x), *deepstack], dim=-1)
 
+    def forward_ulysses(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
+        """Same result as `forward`; this rank embeds, normalizes and merges only its shard of the patches
+        (cut on image boundaries where that balances), attention sees all tokens for 1/P of the heads, and
+        the merged rows (main and deepstack together) are gathered at the end."""
+        cu = image_cu_seqlens(grid_thw)
+        unit = self.merge**2
+        shards = UlyssesShards(self.sp, plan_sequence_split(cu, self.sp.size, unit))
+        mine = shards.local
+        x = self.patch_embed(pixel_values[mine])
+        x = x + self.pos_embeds(grid_thw, x.dtype)[mine]
+        cos, sin = self.rotary_cos_sin(grid_thw, x.device)
+        cos, sin = cos[mine], sin[mine]
+        deepstack = []
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, cu, cos, sin, shards)
+            if i in self.deepstack_visual_indexes:
+                deepstack.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x))
+        return shards.gather(torch.cat([self.merger(x), *deepstack], dim=-1), unit)
+
 
 class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
     def __init__(
@@ -139,8 +165,10 @@ class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         vit: ViTStrategy = ViTStrategy(),
     ):
         super().__init__(config, tp, dtype)
+        vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, config.vision.num_heads)
         self.visual = Qwen3VisionTransformer(
-            config.vision, tp, dtype, patch_embed_linear=vit.patch_embed_linear, fast_pos_embed=vit.fast_pos_embed
+            config.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
+            fast_pos_embed=vit.fast_pos_embed, sp=sp,
         )
         self.model = Qwen3Model(config.text, tp, dtype)
         self.num_deepstack = len(config.vision.deepstack_visual_indexes)

@@ -63,12 +63,18 @@ class VisionAttention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.attend = packed_attention  # configure_vision_attention picks the backend
 
-    def forward(self, x: torch.Tensor, cu_seqlens: list[int], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cu_seqlens: list[int], cos: torch.Tensor, sin: torch.Tensor, sp=None) -> torch.Tensor:
+        """`sp` (an `UlyssesShards`, switch `--enable-vit-ulysses-sp`): x, cos and sin hold this rank's
+        tokens only, `cu_seqlens` stay global; attention runs on all tokens for 1/P of the heads."""
         n = x.shape[0]
         q, k, v = self.qkv.split_qkv(self.qkv(x))
         q = q.view(n, self.num_local_heads, self.head_dim)
         k = k.view(n, self.num_local_heads, self.head_dim)
         v = v.view(n, self.num_local_heads, self.head_dim)
         q, k = apply_rotary_vision(q, k, cos, sin)
+        if sp is not None:
+            q, k, v = sp.seq_to_heads(torch.stack((q, k, v), dim=1)).unbind(1)  # one all-to-all for q, k, v
+            out = sp.heads_to_seq(self.attend(q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens, self.scale))
+            return self.proj(out.reshape(n, self.num_local_heads * self.head_dim))  # n may be 0 on a rank
         out = self.attend(q, k, v, cu_seqlens, self.scale)
         return self.proj(out.reshape(n, -1))
