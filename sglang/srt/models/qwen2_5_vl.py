@@ -10,6 +10,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig, VisionConfig
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.distributed.sequence_parallel import UlyssesShards, plan_sequence_split, vision_tower_parallelism
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
@@ -45,7 +46,7 @@ class Qwen2_5_VLPatchMerger(nn.Module):
         )
 
     def forward(self, x):
-        x = self.ln_q(x).view(-1, self.folded)
+        x = self.ln_q(x).view(x.numel() // self.folded, self.folded)  # explicit: a Ulysses shard may be empty
         for layer in self.mlp:
             x = layer(x)
         return x
@@ -77,12 +78,15 @@ class Qwen2_5_VisionTransformer(nn.Module):
         dtype=None,
         patch_embed_linear: bool = True,
         fast_pos_embed: bool = True,
+        sp: TPInfo | None = None,
     ):
         """`patch_embed_linear` / `fast_pos_embed`: the fields of `ViTStrategy` (SGLANG_VIT_PATCH_EMBED_LINEAR /
         SGLANG_VIT_FAST_POS_EMBED, resolved by the caller); fast_pos_embed caches only the rotary indices here:
-        Qwen2.5-VL has no learned position table."""
+        Qwen2.5-VL has no learned position table. `sp`: the group the tokens are split over
+        (`--enable-vit-ulysses-sp`; `tp` is then single-rank); None: every rank runs every token."""
         super().__init__()
         self.cfg = cfg
+        self.sp = sp
         self.merge = cfg.spatial_merge_size
         self.window = cfg.window_size // cfg.spatial_merge_size // cfg.patch_size
         self.fullatt_block_indexes = set(cfg.fullatt_block_indexes)
@@ -113,6 +117,8 @@ class Qwen2_5_VisionTransformer(nn.Module):
         return self.rotary_ids.cos_sin(grid_thw, device)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
+        if self.sp is not None:
+            return self.forward_ulysses(pixel_values, grid_thw)
         unit = self.merge * self.merge
         x = self.patch_embed(pixel_values)
         n = x.shape[0]
@@ -130,6 +136,29 @@ class Qwen2_5_VisionTransformer(nn.Module):
             x = blk(x, cu_full if i in self.fullatt_block_indexes else cu_window, cos, sin)
         return self.merger(x)[torch.argsort(win_idx)]
 
+    def forward_ulysses(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
+        """Same result as `forward`. The pixel rows are put in window order first (the patch embedding
+        works row by row, so this equals reordering its output), the window-ordered sequence is split on
+        window boundaries where that balances, window and full-attention layers both use the global
+        segments, and the gathered merged rows are put back in image order."""
+        unit = self.merge * self.merge
+        n = pixel_values.shape[0]
+        win_idx, cu_window = window_index(grid_thw, self.merge, self.window)
+        win_idx = win_idx.to(pixel_values.device)
+
+        def to_window_order(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(n // unit, unit, -1)[win_idx].reshape(n, -1)
+
+        shards = UlyssesShards(self.sp, plan_sequence_split(cu_window, self.sp.size, unit))
+        mine = shards.local
+        x = self.patch_embed(to_window_order(pixel_values)[mine])
+        cos, sin = self.rotary_cos_sin(grid_thw, x.device)
+        cos, sin = to_window_order(cos)[mine], to_window_order(sin)[mine]
+        cu_full = image_cu_seqlens(grid_thw)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, cu_full if i in self.fullatt_block_indexes else cu_window, cos, sin, shards)
+        return shards.gather(self.merger(x), unit)[torch.argsort(win_idx)]
+
 
 class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
     def __init__(
@@ -140,8 +169,10 @@ class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         vit: ViTStrategy = ViTStrategy(),
     ):
         super().__init__(config, tp, dtype)
+        vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, config.vision.num_heads)
         self.visual = Qwen2_5_VisionTransformer(
-            config.vision, tp, dtype, patch_embed_linear=vit.patch_embed_linear, fast_pos_embed=vit.fast_pos_embed
+            config.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
+            fast_pos_embed=vit.fast_pos_embed, sp=sp,
         )
         self.model = Qwen2Model(config.text, tp, dtype)
         self.init_lm_head()

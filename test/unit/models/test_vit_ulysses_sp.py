@@ -24,9 +24,9 @@ from sglang.srt.distributed.parallel_state import TPInfo  # noqa: E402
 from sglang.srt.distributed.sequence_parallel import reference_heads_to_seq, reference_seq_to_heads  # noqa: E402
 from sglang.srt.model_loader.loader import get_model, log_replicated_vision_memory  # noqa: E402
 
-PRESETS = {"qwen3": "qwen3-vl-tiny"}
+PRESETS = {"qwen3": "qwen3-vl-tiny", "qwen2_5": "qwen2.5-vl-tiny"}
 SIZE = 2
-SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 class Group:
@@ -119,7 +119,14 @@ def test_qwen3_vl_ulysses_equals_sharded_and_single_rank(group, single, grids, s
     _check_tower(group, single, "qwen3", grids, seed)
 
 
-@pytest.mark.parametrize("name", ["qwen3"])
+@SETTINGS
+@given(grids=_grids(20), seed=st.integers(0, 2**16))
+def test_qwen2_5_vl_windows_survive_the_split(group, single, grids, seed):
+    """Window reordering before the split, partial edge windows, full-attention layers, reverse order."""
+    _check_tower(group, single, "qwen2_5", grids, seed)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen2_5"])
 def test_one_rank_without_tokens(group, single, name):
     """A single 2x2 image is one merge window: one rank holds nothing and still takes part."""
     _check_tower(group, single, name, [(1, 2, 2)], 7)
