@@ -134,6 +134,10 @@ class ServerArgs:
     mm_attention_backend: str | None = field(default=None, metadata=_arg(
         "vision-tower attention: triton (one varlen kernel launch per layer for all images / windows; the "
         "default on CUDA) or sdpa (torch scaled_dot_product_attention per segment; the CPU default)"))
+    enable_vit_ulysses_sp: bool = field(default=False, metadata=_arg(
+        "vision tower with Ulysses sequence parallelism at --tp-size > 1: whole vision weights on every rank, "
+        "the batch's patches split over the ranks, all-to-alls around attention instead of TP all-reduces "
+        "(the vision heads must divide by --tp-size; no effect at --tp-size 1)"))
     dp_size: int = field(default=1, metadata=_arg("data-parallel replicas: only 1 (run more servers behind a router)"))
     quantization: str | None = field(default=None, metadata=_arg("weight quantization: none is supported"))
     kv_cache_dtype: str = field(default="auto", metadata=_arg("KV cache dtype: auto (the model dtype) only"))
@@ -286,6 +290,8 @@ def log_ignored_flags(args: "ServerArgs", device: str) -> list[str]:
         lines.append("CUDA graphs: --cuda-graph-max-bs / --cuda-graph-bs / --disable-cuda-graph have no effect on CPU")
     elif device == "cuda" and not args.disable_cuda_graph and args.resolved_attention_backends()[0] != "triton":
         lines.append("CUDA graphs for decode need --attention-backend triton: decode runs eagerly")
+    if args.enable_vit_ulysses_sp and args.tp_size == 1:
+        lines.append("--enable-vit-ulysses-sp: no effect at --tp-size 1 (nothing to split over)")
     for flag, on in (("--enable-multimodal", args.enable_multimodal), ("--trust-remote-code", args.trust_remote_code),
                      ("--skip-server-warmup", args.skip_server_warmup)):
         if on:

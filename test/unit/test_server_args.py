@@ -138,3 +138,18 @@ def test_max_running_requests_is_derived_from_the_kv_cache_and_bounded():
     assert derive_max_running_requests(200_000, 32768) == 781  # one per 256 KV tokens in between
     assert derive_max_running_requests(10**8, 1024) == 1024  # the ceiling
     assert derive_max_running_requests(10**8, 262144) == 256  # the request table's memory cap
+
+
+def test_vit_ulysses_switch_reaches_the_model_runner():
+    """Off by default; on, it travels ServerArgs -> ModelRunnerConfig -> ViTStrategy (resolved once by the
+    runner); at --tp-size 1 it is reported as having no effect."""
+    from sglang.srt.configs.vit_strategy import ViTStrategy
+    from sglang.srt.model_executor.model_runner import ModelRunnerConfig
+
+    assert ServerArgs().enable_vit_ulysses_sp is False and ModelRunnerConfig("x").enable_vit_ulysses_sp is False
+    assert ViTStrategy.from_env().ulysses_sp is False
+    on = ServerArgs.from_argv(["--tp-size", "2", "--enable-vit-ulysses-sp"])
+    assert on.enable_vit_ulysses_sp and ViTStrategy.from_env(ulysses_sp=True).ulysses_sp
+    assert log_ignored_flags(on, "cpu") == []
+    assert log_ignored_flags(ServerArgs(enable_vit_ulysses_sp=True), "cpu") == [
+        "--enable-vit-ulysses-sp: no effect at --tp-size 1 (nothing to split over)"]

@@ -31,6 +31,7 @@ class TpModelWorker:
                 cuda_graph_max_bs=server_args.cuda_graph_max_bs,
                 cuda_graph_bs=server_args.cuda_graph_bs,
                 page_size=server_args.page_size,
+                enable_vit_ulysses_sp=server_args.enable_vit_ulysses_sp,
             ),
             tp,
         )

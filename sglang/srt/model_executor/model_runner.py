@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
 from sglang.srt.layers.attention.vision_attention import configure_vision_attention
@@ -35,6 +36,7 @@ class ModelRunnerConfig:
     cuda_graph_max_bs: int | None = None  # default: min(160, request-table rows)
     cuda_graph_bs: tuple[int, ...] | None = None
     page_size: int = 1
+    enable_vit_ulysses_sp: bool = False  # --enable-vit-ulysses-sp: replicated vision tower, tokens split over TP
 
 
 class ModelRunner:
@@ -42,7 +44,9 @@ class ModelRunner:
         self.cfg = cfg
         self.tp = tp
         self.device = torch.device(cfg.device)
-        self.model = get_model(cfg.model_path, cfg.dtype, self.device, tp)
+        # vision-tower switches resolved once here, with the server flag beside the environment's
+        vit = ViTStrategy.from_env(ulysses_sp=cfg.enable_vit_ulysses_sp)
+        self.model = get_model(cfg.model_path, cfg.dtype, self.device, tp, vit)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         text = self.model_config.text
