@@ -91,6 +91,10 @@ def test_tokenizer_defers_scheduler_decodes_png_falls_back(servers):
     assert re.search(tokenizer + r".*deferred image decode: not a JPEG -> falls back", log, re.M), log[-3000:]
     decoder = "decoded nvjpeg" if TEST_DEVICE == "cuda" else "decoded pil"
     assert re.search(scheduler + rf".*deferred image decode: {decoder} \(", log, re.M), log[-3000:]
+    info = requests.get(deferred.url + "/get_server_info", timeout=10).json()
+    assert info["image_decode_tokenizer"].get("deferred", 0) >= 1, info
+    assert info["image_decode_tokenizer"].get("not a JPEG", 0) >= 1, info
+    assert info["image_decode_model"].get(decoder, 0) >= 1, info
 
 
 def test_prefix_cache_matches_same_jpeg_only(servers):

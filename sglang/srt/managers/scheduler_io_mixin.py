@@ -21,6 +21,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.mm_utils import pad_input_ids
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.multimodal import deferred_decode
 from sglang.srt.multimodal.hashing import ensure_item_hashes
 from sglang.srt.multimodal.transport.cuda_ipc import ipc_receiver_stats, materialize_ipc_features
 from sglang.srt.multimodal.transport.shm import materialize_mm_features, unlink_segments
@@ -177,4 +178,5 @@ class SchedulerIOMixin:
             "context_length": self.context_length,
             **self.worker.mm_stats(),
             **ipc_receiver_stats(),
+            "image_decode_model": deferred_decode.stats(),  # images decoded where the ViT runs, by path
         }

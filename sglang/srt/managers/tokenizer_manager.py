@@ -35,6 +35,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.request_builder import GenerateError, RequestBuilder, ServerUnhealthyError
 from sglang.srt.metrics.prometheus import ServingMetrics
+from sglang.srt.multimodal import deferred_decode
 from sglang.srt.multimodal.transport.cuda_ipc import release_unsent
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.metrics.stage_timer import rounded
@@ -386,6 +387,7 @@ class TokenizerManager:
         out = await self._control(GetServerInfoReq(), timeout)
         info = dict(out.info)
         info["shm_fallback_count"] = self.builder.shm_fallback_count
+        info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
         if getattr(self.builder, "ipc", None) is not None:
             info.update(self.builder.ipc.stats())
         return info
