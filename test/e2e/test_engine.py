@@ -9,7 +9,7 @@ import pytest
 
 import sglang
 from conftest import CASES, TEST_DEVICE, build_case, pid_alive
-from sglang.srt.managers.tokenizer_manager import GenerateError
+from sglang.srt.managers.errors import GenerateError
 
 MAX_NEW = 12
 

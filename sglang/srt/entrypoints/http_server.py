@@ -38,7 +38,8 @@ from sglang.srt.entrypoints.openai.serving_base import (
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import GenerateError, ServerUnhealthyError, TokenizerManager
+from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

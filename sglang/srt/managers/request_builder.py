@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.managers.chat_messages import split_chat_images
+from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.environ import envs
 from sglang.srt.multimodal.deferred_decode import deferred_decode_enabled
@@ -37,20 +38,6 @@ from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled
 
 
 logger = logging.getLogger(__name__)
-
-class GenerateError(Exception):
-    """A request that cannot be served; `status_code` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status_code: int = 400, err_type: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.err_type = err_type
-
-
-class ServerUnhealthyError(GenerateError):
-    def __init__(self, message: str):
-        super().__init__(message, 503, "service_unavailable")
 
 
 @dataclass

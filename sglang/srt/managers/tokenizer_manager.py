@@ -33,7 +33,8 @@ from sglang.srt.managers.io_struct import (
     SchedulerReady,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.request_builder import GenerateError, RequestBuilder, ServerUnhealthyError
+from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
+from sglang.srt.managers.request_builder import RequestBuilder
 from sglang.srt.metrics.prometheus import ServingMetrics
 from sglang.srt.multimodal import deferred_decode
 from sglang.srt.multimodal.transport.cuda_ipc import release_unsent

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, FinishReason, TokenizedGenerateReqInput
-from sglang.srt.managers.request_builder import GenerateError
+from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.metrics.stage_timer import VlmStageTimer

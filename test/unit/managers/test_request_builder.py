@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sglang.srt.managers.chat_messages import split_chat_images
-from sglang.srt.managers.request_builder import GenerateError, make_sampling_params, merge_image_sources
+from sglang.srt.managers.errors import GenerateError
+from sglang.srt.managers.request_builder import make_sampling_params, merge_image_sources
 from sglang.srt.managers.tokenizer_manager import _stop_prefix_holdback
 
 

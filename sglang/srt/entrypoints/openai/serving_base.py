@@ -21,7 +21,8 @@ from pydantic import BaseModel, ValidationError
 
 from sglang.srt.entrypoints.openai.protocol import PromptTokensDetails, UsageInfo
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import GenerateError, TokenizerManager
+from sglang.srt.managers.errors import GenerateError
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 SSE_DONE = b"data: [DONE]\n\n"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
