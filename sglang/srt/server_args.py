@@ -336,10 +336,14 @@ class PortArgs:
 
     @classmethod
     def create(cls, server_args: ServerArgs) -> "PortArgs":
+        import os
         import socket
         import tempfile
 
         d = tempfile.mkdtemp(prefix="sglang-ipc-")
+        if len(f"{d}/detokenizer") > _UNIX_SOCKET_PATH_MAX:  # a deep TMPDIR: ZMQ could not bind there
+            os.rmdir(d)
+            d = tempfile.mkdtemp(prefix="sglang-ipc-", dir="/tmp")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -350,6 +354,10 @@ class PortArgs:
             detokenizer_ipc_name=f"ipc://{d}/detokenizer",
             nccl_port=port,
         )
+
+
+# sockaddr_un holds 108 bytes on Linux, the terminating NUL included
+_UNIX_SOCKET_PATH_MAX = 107
 
 
 def _triton_importable() -> bool:

@@ -153,3 +153,26 @@ def test_vit_ulysses_switch_reaches_the_model_runner():
     assert log_ignored_flags(on, "cpu") == []
     assert log_ignored_flags(ServerArgs(enable_vit_ulysses_sp=True), "cpu") == [
         "--enable-vit-ulysses-sp: no effect at --tp-size 1 (nothing to split over)"]
+
+
+def test_ipc_sockets_fit_the_unix_path_limit_under_a_deep_tmpdir(tmp_path, monkeypatch):
+    import shutil
+    import tempfile
+
+    from sglang.srt.server_args import PortArgs
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    args = PortArgs.create(ServerArgs())
+    try:
+        for name in (args.tokenizer_ipc_name, args.scheduler_input_ipc_name, args.detokenizer_ipc_name):
+            assert len(name.removeprefix("ipc://")) <= 107, name
+    finally:
+        shutil.rmtree(args.ipc_dir)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # short enough: the directory stays there
+    here = PortArgs.create(ServerArgs())
+    try:
+        assert here.ipc_dir.startswith(str(tmp_path))
+    finally:
+        shutil.rmtree(here.ipc_dir)
