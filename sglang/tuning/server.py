@@ -20,6 +20,8 @@ from pathlib import Path
 
 import requests
 
+from sglang.srt.utils.process_tree import ppid_map, process_tree, rss_bytes
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -27,45 +29,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# ----------------------------------------------------------------------------- /proc
-def _ppid_map() -> dict[int, int]:
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            out[int(entry)] = int(fields[1])
-    return out
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its living descendants."""
-    children: dict[int, list[int]] = {}
-    for p, parent in _ppid_map().items():
-        children.setdefault(parent, []).append(p)
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, ()))
-    return tree
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
+# ----------------------------------------------------------------------------- memory
 def gpu_bytes(pids: set[int]) -> int | None:
     """Summed GPU memory of `pids` (nvidia-smi), None when there is no NVIDIA tool or it fails."""
     smi = shutil.which("nvidia-smi")
@@ -176,7 +140,7 @@ class ServerHandle:
 
     def _group_alive(self) -> bool:
         """Any living process left in the server's process group (its children stay in it)."""
-        return any(_pgid_of(p) == self.pgid for p in _ppid_map())
+        return any(_pgid_of(p) == self.pgid for p in ppid_map())
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (the server's clean shutdown), SIGKILL after `timeout`; then any process left in its group

@@ -23,6 +23,8 @@ import pytest
 import requests
 from PIL import Image
 
+from sglang.srt.utils.process_tree import child_pids
+
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -43,23 +45,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def child_pids(pid: int) -> dict[int, str]:
-    """Direct children of `pid` -> their /proc comm name."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            comm = Path(f"/proc/{entry}/comm").read_text().strip()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid:
-            out[int(entry)] = comm
-    return out
 
 
 def pid_alive(pid: int) -> bool:

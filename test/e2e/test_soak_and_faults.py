@@ -16,7 +16,9 @@ import pytest
 import requests
 
 from conftest import shm_sglang_entries, wait_until
-from soak_load import MixedLoad, tree_rss_bytes
+from soak_load import MixedLoad
+
+from sglang.srt.utils.process_tree import tree_rss_bytes
 
 LIMIT_MM = 4
 # A small pool and chunk: admission, chunking and retraction all run under this load.

@@ -1,0 +1,69 @@
+"""A process and its descendants, read from Linux /proc: who they are and how much memory they hold.
+
+Used to watch a server's whole tree (tokenizer, schedulers, detokenizer): the tuner's peak memory, the
+soak test's leak check, the e2e tests' child bookkeeping. Processes that vanish while being read are
+skipped, never an error."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+
+
+def ppid_map(include_zombies: bool = False) -> dict[int, int]:
+    """pid -> parent pid for every process on the machine."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(entry)
+            if fields is not None and (include_zombies or fields[0] != "Z"):
+                out[int(entry)] = int(fields[1])
+    return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its living descendants."""
+    children: dict[int, list[int]] = {}
+    for p, parent in ppid_map().items():
+        children.setdefault(parent, []).append(p)
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, ()))
+    return tree
+
+
+def child_pids(pid: int) -> dict[int, str]:
+    """Direct children of `pid` (zombies included) -> their /proc comm name."""
+    out = {}
+    for p, parent in ppid_map(include_zombies=True).items():
+        if parent == pid:
+            try:
+                out[p] = Path(f"/proc/{p}/comm").read_text().strip()
+            except OSError:
+                continue
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of `pid` and all its living descendants."""
+    return sum(rss_bytes(p) for p in process_tree(pid))

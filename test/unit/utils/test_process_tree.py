@@ -1,0 +1,31 @@
+"""Process-tree reading from /proc: a spawned child and grandchild are found, with their memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from sglang.srt.utils.process_tree import child_pids, ppid_map, process_tree, rss_bytes, tree_rss_bytes
+
+
+def test_tree_finds_children_and_grandchildren_and_sums_their_memory():
+    code = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); print(p.pid, flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(child.stdout.readline())
+        assert ppid_map()[child.pid] == os.getpid()
+        assert child.pid in child_pids(os.getpid())
+        tree = process_tree(os.getpid())
+        assert child.pid in tree and grandchild in tree
+        total = tree_rss_bytes(child.pid)
+        assert total > 0 and rss_bytes(grandchild) > 0  # both live processes are read (sizes move while they start)
+    finally:
+        child.kill()
+        child.wait()
+        os.kill(grandchild, 9)
+
+
+def test_a_vanished_process_counts_as_nothing():
+    assert rss_bytes(2**22 + 12345) == 0
+    assert process_tree(2**22 + 12345) == [2**22 + 12345]
