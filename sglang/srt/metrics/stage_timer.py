@@ -70,3 +70,40 @@ class VlmStageTimer:
 
 def rounded(timings: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in timings.items()}
+
+
+class EmbedStageClock:
+    """`vit_encode` and `embed_merge` of one batch's embedding step, charged to the requests with image
+    rows in it (a batched ViT call counts fully for each). Wrap the encoder with `timed`, run the step
+    inside the `with` block; the device is synchronised around each measurement so the times are real."""
+
+    def __init__(self, forward_batch, touched: list[int], sync):
+        self.fb = forward_batch
+        self.touched = touched
+        self.sync = sync
+        self.vit_ms = 0.0
+
+    def timed(self, encode):
+        def run(items):
+            self.sync()
+            start = time.perf_counter()
+            out = encode(items)
+            self.sync()
+            self.vit_ms += (time.perf_counter() - start) * 1e3
+            return out
+
+        return run
+
+    def __enter__(self) -> "EmbedStageClock":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sync()
+        merge_ms = (time.perf_counter() - self._start) * 1e3 - self.vit_ms
+        if exc[0] is not None or not self.fb.forward_mode.is_extend():
+            return
+        for stage, ms in (("vit_encode", self.vit_ms), ("embed_merge", merge_ms)):
+            self.fb.stage_totals[stage] = self.fb.stage_totals.get(stage, 0.0) + ms
+            for i in self.touched:
+                self.fb.stage_timings[i][stage] = self.fb.stage_timings[i].get(stage, 0.0) + ms

@@ -17,7 +17,6 @@ image tokens with hash-derived pad values that may collide with real vocabulary 
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -25,6 +24,7 @@ from typing import Callable
 import torch
 
 from sglang.srt.mem_cache.mm_embedding_cache import ImageEmbeddingCache, MultimodalEmbeddingCache
+from sglang.srt.metrics.stage_timer import EmbedStageClock
 from sglang.srt.multimodal.hashing import combined_hash
 
 EncodeFn = Callable[[list], list[torch.Tensor]]
@@ -110,32 +110,12 @@ class MultimodalEmbedder:
     def embed(self, input_ids: torch.Tensor, forward_batch, embed_tokens: Callable[[torch.Tensor], torch.Tensor],
               encode_images: EncodeFn, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns (input embeddings (T, hidden), deepstack embeddings (T, hidden * k) or None)."""
-        timings = forward_batch.stage_timings
-        if timings is None:
+        if forward_batch.stage_timings is None:
             return self._embed(input_ids, forward_batch, embed_tokens, encode_images, hidden_size)
-        # Stage timer: the ViT time of this batch is charged to every request with image rows in it.
-        vit_ms = [0.0]
+        touched = [i for i, _, _ in batch_image_spans(forward_batch)] if forward_batch.forward_mode.is_extend() else []
         sync = torch.cuda.synchronize if input_ids.is_cuda else (lambda: None)
-
-        def timed_encode(items):
-            sync()
-            start = time.perf_counter()
-            out = encode_images(items)
-            sync()
-            vit_ms[0] += (time.perf_counter() - start) * 1e3
-            return out
-
-        start = time.perf_counter()
-        result = self._embed(input_ids, forward_batch, embed_tokens, timed_encode, hidden_size)
-        sync()
-        merge_ms = (time.perf_counter() - start) * 1e3 - vit_ms[0]
-        if forward_batch.forward_mode.is_extend():
-            touched = [i for i, _, _ in batch_image_spans(forward_batch)]
-            for stage, ms in (("vit_encode", vit_ms[0]), ("embed_merge", merge_ms)):
-                forward_batch.stage_totals[stage] = forward_batch.stage_totals.get(stage, 0.0) + ms
-                for i in touched:
-                    timings[i][stage] = timings[i].get(stage, 0.0) + ms
-        return result
+        with EmbedStageClock(forward_batch, touched, sync) as clock:
+            return self._embed(input_ids, forward_batch, embed_tokens, clock.timed(encode_images), hidden_size)
 
     def _embed(self, input_ids, forward_batch, embed_tokens, encode_images, hidden_size):
         positions: list[torch.Tensor] = []
