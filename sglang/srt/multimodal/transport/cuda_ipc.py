@@ -23,6 +23,7 @@ from sglang.srt.multimodal.transport.cuda_ipc_pool import CudaIpcPool, PoolDesc,
 from sglang.srt.multimodal.transport.shm import (
     ShmSpaceError,
     cleanup_own_segments,
+    swap_tensor_features,
     unlink_segments,
     write_segment,
 )
@@ -140,28 +141,14 @@ class CudaIpcSender:
         """Moves every tensor feature of a request into the pool (or, for an item that finds no room,
         into shared memory; if that is full too, it stays inline). Returns the names the caller must
         release if the request never reaches a scheduler (`release_unsent`). All or nothing on error."""
-        names: list[str] = []
-        originals: list[tuple[object, torch.Tensor]] = []
-        try:
-            for item in mm_inputs.mm_items:
-                if not isinstance(item.feature, torch.Tensor):
-                    continue
-                ptr = self.to_pool(item.feature)
-                if ptr is None:
-                    ptr = self._fallback(item.feature, rid)
-                    if ptr is None:
-                        continue
-                    names.append(ptr.name)
-                else:
-                    names.append(ptr.token)
-                originals.append((item, item.feature))
-                item.feature = ptr
-        except BaseException:
-            for item, tensor in originals:
-                item.feature = tensor
-            release_unsent(names)
-            raise
-        return names
+        def to_pointer(tensor: torch.Tensor):
+            ptr = self.to_pool(tensor)
+            if ptr is not None:
+                return ptr, ptr.token
+            ptr = self._fallback(tensor, rid)
+            return None if ptr is None else (ptr, ptr.name)
+
+        return swap_tensor_features(mm_inputs, to_pointer, release_unsent)
 
     def _fallback(self, tensor: torch.Tensor, rid: str):
         with self._lock:

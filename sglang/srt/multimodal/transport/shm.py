@@ -140,25 +140,41 @@ def cleanup_own_segments(prefix: str) -> int:
         return 0
 
 
-def mm_items_to_shm(mm_inputs, prefix: str) -> list[str]:
-    """Moves every tensor feature of a request into shared memory; returns the new segment names
-    (the caller unlinks them if the request never reaches the scheduler). All or nothing: on any
-    failure the items keep their tensors and no segment of this call remains."""
+def swap_tensor_features(mm_inputs, to_pointer, release) -> list[str]:
+    """Replaces every tensor feature of a request by the pointer `to_pointer(tensor)` returns as
+    (pointer, name), or leaves it inline when that returns None. Returns the names of what was written.
+    All or nothing: on any failure the items get their tensors back and `release(names)` frees what this
+    call wrote. Every transport (shared memory, the CUDA IPC pool) swaps features through this."""
     names: list[str] = []
     originals: list[tuple[object, torch.Tensor]] = []
     try:
         for item in mm_inputs.mm_items:
-            if isinstance(item.feature, torch.Tensor):
-                ptr = write_segment(item.feature, prefix)
-                names.append(ptr.name)
-                originals.append((item, item.feature))
-                item.feature = ptr
+            if not isinstance(item.feature, torch.Tensor):
+                continue
+            swapped = to_pointer(item.feature)
+            if swapped is None:
+                continue
+            ptr, name = swapped
+            names.append(name)
+            originals.append((item, item.feature))
+            item.feature = ptr
     except BaseException:
         for item, tensor in originals:
             item.feature = tensor
-        unlink_segments(names)
+        release(names)
         raise
     return names
+
+
+def mm_items_to_shm(mm_inputs, prefix: str) -> list[str]:
+    """Moves every tensor feature of a request into shared memory; returns the new segment names
+    (the caller unlinks them if the request never reaches the scheduler). All or nothing: on any
+    failure the items keep their tensors and no segment of this call remains."""
+    def to_segment(tensor: torch.Tensor):
+        ptr = write_segment(tensor, prefix)
+        return ptr, ptr.name
+
+    return swap_tensor_features(mm_inputs, to_segment, unlink_segments)
 
 
 def materialize_mm_features(msgs: list) -> list[str]:
