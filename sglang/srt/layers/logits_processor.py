@@ -29,7 +29,7 @@ class LogitsProcessor(nn.Module):
         return logits[:, : self.vocab_size].float()
 
     def forward(self, hidden_states: torch.Tensor, lm_head_weight: torch.Tensor, forward_batch) -> LogitsProcessorOutput:
-        last = forward_batch.last_token_indices()
+        last = forward_batch.last_indices  # built with the step's metadata
         next_logits = self._logits(hidden_states[last], lm_head_weight)
         full = self._logits(hidden_states, lm_head_weight) if forward_batch.return_all_logits else None
         return LogitsProcessorOutput(next_token_logits=next_logits, full_logits=full)

@@ -15,6 +15,7 @@ class TpModelWorker:
     def __init__(self, server_args: ServerArgs, model_path: str, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0):
         self.tp = tp
         device = server_args.resolved_device()
+        lm_attention, mm_attention = server_args.resolved_attention_backends()
         self.model_runner = ModelRunner(
             ModelRunnerConfig(
                 model_path=model_path,
@@ -25,8 +26,8 @@ class TpModelWorker:
                 max_running_requests=None if server_args.max_running_requests is None
                 else server_args.max_running_requests + 1,
                 context_length=server_args.context_length,
-                attention_backend=server_args.resolved_attention_backends()[0],
-                mm_attention_backend=server_args.resolved_attention_backends()[1],
+                attention_backend=lm_attention,
+                mm_attention_backend=mm_attention,
                 cuda_graph=not server_args.disable_cuda_graph,
                 cuda_graph_max_bs=server_args.cuda_graph_max_bs,
                 cuda_graph_bs=server_args.cuda_graph_bs,

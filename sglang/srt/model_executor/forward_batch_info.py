@@ -60,18 +60,6 @@ class ForwardBatch:
     def batch_size(self) -> int:
         return len(self.seq_lens_cpu)
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def last_token_indices(self) -> torch.Tensor:
-        if self.last_indices is not None:
-            return self.last_indices
-        if self.forward_mode.is_decode():
-            return torch.arange(self.batch_size, device=self.input_ids.device)
-        lens = torch.tensor(self.extend_seq_lens_cpu, device=self.input_ids.device)
-        return torch.cumsum(lens, 0) - 1
-
     def extend_start_locs(self) -> list[int]:
         starts, acc = [], 0
         for n in self.extend_seq_lens_cpu:
