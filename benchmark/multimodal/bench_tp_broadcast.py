@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import socket
 import time
 from pathlib import Path
+
+from sglang.srt.utils.network import pick_unused_port
 
 PATCHES_720P = 3680  # smart_resize(720, 1280, 32, 65536, 16777216) -> 736x1280 -> 46x80 patches
 PATCH_DIM = 3 * 2 * 16 * 16
@@ -93,9 +94,7 @@ def main() -> None:
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = pick_unused_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, port, counts, args.repeats, q)) for r in range(2)]

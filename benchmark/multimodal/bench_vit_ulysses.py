@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from vit_op_timing import device_name, print_table, write_json  # noqa: E402
 
 from sglang.srt.distributed.sequence_parallel import bytes_per_layer  # noqa: E402
+from sglang.srt.utils.network import pick_unused_port  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # name -> list of (count, width, height)
@@ -212,11 +213,8 @@ def main() -> None:
         return
     print(f"tower {tower} ({payload['tower_note']}), {args.ranks} ranks, {args.dtype}, {args.device}", flush=True)
     import multiprocessing as mp
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = pick_unused_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, args, port, q)) for r in range(args.ranks)]

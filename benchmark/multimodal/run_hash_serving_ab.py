@@ -16,13 +16,14 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from sglang.srt.utils.network import pick_unused_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = [("off", {"SGLANG_MM_PRECOMPUTE_HASH": "0"}), ("on", {"SGLANG_MM_PRECOMPUTE_HASH": "1"})]
@@ -37,12 +38,6 @@ def full_res_tiny_model(out: Path) -> str:
     cfg["max_pixels"] = cfg["size"]["longest_edge"] = 16777216  # Qwen3-VL's own limit: no downscale
     cfg_path.write_text(json.dumps(cfg, indent=2))
     return str(path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -61,7 +56,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300) -> Non
 
 
 def run_mode(name: str, env_extra: dict, model: str, args, workdir: Path) -> tuple[str, dict]:
-    port = _free_port()
+    port = pick_unused_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **env_extra)
     log = open(workdir / f"server_{name}.log", "wb")
     server = subprocess.Popen(

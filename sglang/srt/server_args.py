@@ -337,16 +337,15 @@ class PortArgs:
     @classmethod
     def create(cls, server_args: ServerArgs) -> "PortArgs":
         import os
-        import socket
         import tempfile
+
+        from sglang.srt.utils.network import pick_unused_port
 
         d = tempfile.mkdtemp(prefix="sglang-ipc-")
         if len(f"{d}/detokenizer") > _UNIX_SOCKET_PATH_MAX:  # a deep TMPDIR: ZMQ could not bind there
             os.rmdir(d)
             d = tempfile.mkdtemp(prefix="sglang-ipc-", dir="/tmp")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = pick_unused_port()
         return cls(
             ipc_dir=d,
             tokenizer_ipc_name=f"ipc://{d}/tokenizer",

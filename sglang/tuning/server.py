@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,13 +19,8 @@ from pathlib import Path
 
 import requests
 
+from sglang.srt.utils.network import pick_unused_port
 from sglang.srt.utils.process_tree import ppid_map, process_tree, rss_bytes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------- memory
@@ -96,7 +90,7 @@ class ServerHandle:
 
     def __init__(self, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
                  python: str = sys.executable, host: str = "127.0.0.1"):
-        self.port = free_port()
+        self.port = pick_unused_port(host)
         self.url = f"http://{host}:{self.port}"
         self.log_path = log_path
         self.cmd = [python, "-m", "sglang.launch_server", "--host", host, "--port", str(self.port), *argv]

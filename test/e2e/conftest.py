@@ -10,7 +10,6 @@ import base64
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 import requests
 from PIL import Image
 
+from sglang.srt.utils.network import pick_unused_port
 from sglang.srt.utils.process_tree import child_pids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,10 +41,6 @@ TEST_DEVICE = _test_device()
 BASE_ARGS = ["--dtype", "float32", "--device", TEST_DEVICE, "--log-level", "warning"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pid_alive(pid: int) -> bool:
@@ -87,7 +83,7 @@ class ServerProcess:
 
     def __init__(self, model_dir: Path, workdir: Path, extra_args: list[str], cmd_prefix: list[str] | None = None,
                  env: dict[str, str] | None = None):
-        self.port = free_port()
+        self.port = pick_unused_port()
         self.model_dir = model_dir
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmpdir = workdir / "tmp"

@@ -9,7 +9,9 @@ import time
 import pytest
 import requests
 
-from conftest import CASES, ServerProcess, build_case, data_url, free_port, png_bytes, private_shm_prefix, wait_until
+from conftest import CASES, ServerProcess, build_case, data_url, png_bytes, private_shm_prefix, wait_until
+
+from sglang.srt.utils.network import pick_unused_port
 
 MAX_NEW = 8
 
@@ -42,7 +44,7 @@ def test_two_nodes_over_loopback(model_dir, tmp_path, hf_ref):
     prefix = private_shm_prefix("16m")
     if prefix is None:
         pytest.skip("unshare -m is not permitted here: node 1 would share node 0's /dev/shm")
-    addr = f"127.0.0.1:{free_port()}"
+    addr = f"127.0.0.1:{pick_unused_port()}"
     multi = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr]
     worker = ServerProcess(model_dir, tmp_path / "node1", [*multi, "--node-rank", "1"], cmd_prefix=prefix)
     head = ServerProcess(model_dir, tmp_path / "node0", [*multi, "--node-rank", "0"])

@@ -3,18 +3,13 @@ to arrive: with rank 0 held back for DELAY_S before broadcasting, rank 1's figur
 
 from __future__ import annotations
 
-import socket
 import time
 
 import torch.multiprocessing as mp
 
+from sglang.srt.utils.network import pick_unused_port
+
 DELAY_S = 1.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, port: int, q) -> None:
@@ -38,7 +33,7 @@ def _rank_main(rank: int, port: int, q) -> None:
 def test_receiver_times_the_transfer_not_the_wait():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = pick_unused_port()
     procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
     for p in procs:
         p.start()

@@ -3,23 +3,17 @@ broadcast an object over the gloo CPU group, as the schedulers do at TP=2."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from sglang.srt.utils.network import pick_unused_port
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                        reason="an NCCL group of two ranks needs two CUDA devices (NCCL refuses two ranks on one GPU)"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, port: int, q) -> None:
@@ -40,7 +34,7 @@ def _rank_main(rank: int, port: int, q) -> None:
 def test_nccl_group_of_two_reduces_and_broadcasts():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = pick_unused_port()
     procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
     for p in procs:
         p.start()

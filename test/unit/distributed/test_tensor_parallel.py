@@ -13,12 +13,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "managers"))
 from scheduler_utils import InProcessScheduler  # noqa: E402
-from tp_worker_main import free_port, run_rank  # noqa: E402
+from tp_worker_main import run_rank  # noqa: E402
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
 from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor  # noqa: E402
 from sglang.srt.multimodal.transport.shm import SHM_DIR, mm_items_to_shm, segment_prefix  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.utils.network import pick_unused_port  # noqa: E402
 
 PLACEHOLDER = [151652, 151655, 151653]
 
@@ -50,7 +51,7 @@ def _requests(patch: int):
 def _run_tp(args_kw, requests, size=2):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
+    port = pick_unused_port()
     procs = [ctx.Process(target=run_rank, args=(r, size, port, args_kw, requests, q)) for r in range(size)]
     for p in procs:
         p.start()

@@ -3,14 +3,6 @@ requests (fed on rank 0, broadcast to all like the tokenizer's), returns rank 0'
 
 from __future__ import annotations
 
-import socket
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class _ListSocket:
     """Stands in for rank 0's ZMQ socket: hands out the prepared requests, then nothing."""

@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "distributed"))
-from tp_worker_main import free_port  # noqa: E402
 from ulysses_worker_main import a2a_inputs, pixels_for, serve  # noqa: E402
 
 from sglang.srt.configs.vit_strategy import ViTStrategy  # noqa: E402
 from sglang.srt.distributed.parallel_state import TPInfo  # noqa: E402
 from sglang.srt.distributed.sequence_parallel import reference_heads_to_seq, reference_seq_to_heads  # noqa: E402
 from sglang.srt.model_loader.loader import get_model, log_replicated_vision_memory  # noqa: E402
+from sglang.srt.utils.network import pick_unused_port  # noqa: E402
 
 PRESETS = {"qwen3": "qwen3-vl-tiny", "qwen2_5": "qwen2.5-vl-tiny"}
 SIZE = 2
@@ -36,7 +36,7 @@ class Group:
         ctx = mp.get_context("spawn")
         self.inboxes = [ctx.Queue() for _ in range(SIZE)]
         self.outbox = ctx.Queue()
-        port = free_port()
+        port = pick_unused_port()
         self.procs = [
             ctx.Process(target=serve, args=(r, SIZE, port, dirs, self.inboxes[r], self.outbox), daemon=True)
             for r in range(SIZE)
