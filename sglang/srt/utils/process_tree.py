@@ -54,16 +54,25 @@ def child_pids(pid: int) -> dict[int, str]:
     return out
 
 
-def rss_bytes(pid: int) -> int:
+def memory_status(pid: int) -> dict[str, int]:
+    """The resident-memory lines of /proc/<pid>/status in bytes: VmRSS (everything resident) and its parts
+    RssAnon (private heap: what a leak grows), RssFile (mapped files: shared libraries page in as new
+    kernels run) and RssShmem (shared memory mapped). Empty when the process is gone."""
+    out = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            if line.startswith(("VmRSS:", "RssAnon:", "RssFile:", "RssShmem:")):
+                key, value = line.split(":", 1)
+                out[key] = int(value.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return {}
+    return out
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of `pid` and all its living descendants."""
-    return sum(rss_bytes(p) for p in process_tree(pid))
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    return memory_status(pid).get(field, 0)
+
+
+def tree_rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory (`field` of memory_status) of `pid` and all its living descendants."""
+    return sum(rss_bytes(p, field) for p in process_tree(pid))

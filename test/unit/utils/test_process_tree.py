@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from sglang.srt.utils.process_tree import child_pids, ppid_map, process_tree, rss_bytes, tree_rss_bytes
+from sglang.srt.utils.process_tree import child_pids, memory_status, ppid_map, process_tree, rss_bytes, tree_rss_bytes
 
 
 def test_tree_finds_children_and_grandchildren_and_sums_their_memory():
@@ -26,6 +26,18 @@ def test_tree_finds_children_and_grandchildren_and_sums_their_memory():
         os.kill(grandchild, 9)
 
 
+def test_memory_status_splits_resident_memory_into_its_parts():
+    m = memory_status(os.getpid())
+    assert set(m) == {"VmRSS", "RssAnon", "RssFile", "RssShmem"}
+    assert m["RssAnon"] > 0 and m["RssFile"] > 0
+    # the parts are read a moment apart from the whole, and the kernel counts them per page: allow a little
+    assert abs(m["VmRSS"] - (m["RssAnon"] + m["RssFile"] + m["RssShmem"])) < 2**20
+    ballast = b"\x01" * (64 * 2**20)  # written, so resident: private anonymous memory
+    assert rss_bytes(os.getpid(), "RssAnon") > m["RssAnon"] + 48 * 2**20
+    del ballast
+
+
 def test_a_vanished_process_counts_as_nothing():
+    assert memory_status(2**22 + 12345) == {}
     assert rss_bytes(2**22 + 12345) == 0
     assert process_tree(2**22 + 12345) == [2**22 + 12345]
