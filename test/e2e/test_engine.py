@@ -47,6 +47,23 @@ def test_batch_stream_and_early_stop(engine):
     assert engine.flush_cache() in (True, False)
 
 
+def test_stream_of_a_batch_and_of_n_samples_tags_each_chunk_with_its_request(engine):
+    params = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+    prompts = ["Hello there", "General Kenobi"]
+    finals = {}
+    for chunk in engine.generate(prompts, sampling_params=params, stream=True):
+        finals[chunk["index"]] = chunk  # cumulative: the last chunk of each index holds its whole output
+    assert sorted(finals) == [0, 1]
+    for i, p in enumerate(prompts):
+        assert finals[i]["output_ids"] == engine.generate(p, sampling_params=params)["output_ids"]
+        assert finals[i]["meta_info"]["finish_reason"] is not None
+    sampled = {**params, "n": 2, "temperature": 1.0, "sampling_seed": 3}
+    by_index = {}
+    for chunk in engine.generate("Hello there", sampling_params=sampled, stream=True):
+        by_index[chunk["index"]] = chunk["output_ids"]
+    assert [by_index[0], by_index[1]] == [o["output_ids"] for o in engine.generate("Hello there", sampling_params=sampled)]
+
+
 def test_bad_input_raises_with_status(engine):
     with pytest.raises(GenerateError, match="temperature") as e:
         engine.generate("hi", sampling_params={"temperature": -1})

@@ -3,9 +3,14 @@ completions, /generate), penalties, min_new_tokens / min_tokens, sampling_seed."
 
 from __future__ import annotations
 
+import json
 import math
+import time
+from collections import Counter
 
 import requests
+
+from conftest import wait_until
 
 MSG = [{"role": "user", "content": "Count: one two three"}]
 
@@ -74,6 +79,70 @@ def test_generate_n_and_sampling_seed(server):
     assert isinstance(out, list) and len(out) == 2
     again = generate(server, text="Once upon", sampling_params={"max_new_tokens": 6, "temperature": 1.0, "seed": 11})
     assert out[0]["output_ids"] == again["output_ids"]
+
+
+def stream_generate(server, **body) -> dict[int, list[dict]]:
+    """index -> that request's chunks, in order, from a streamed /generate."""
+    chunks: dict[int, list[dict]] = {}
+    with requests.post(server.url + "/generate", json={**body, "stream": True}, stream=True, timeout=60) as r:
+        assert r.status_code == 200, r.text
+        lines = [line[len(b"data: "):] for line in r.iter_lines() if line.startswith(b"data: ")]
+    assert lines[-1] == b"[DONE]"
+    for raw in lines[:-1]:
+        chunk = json.loads(raw)
+        assert "error" not in chunk, chunk
+        chunks.setdefault(chunk["index"], []).append(chunk)
+    return chunks
+
+
+def test_generate_streams_n_samples_tagged_by_index(server):
+    params = {"n": 3, "max_new_tokens": 6, "temperature": 1.0, "sampling_seed": 5, "ignore_eos": True}
+    chunks = stream_generate(server, text="Once upon", sampling_params=params)
+    assert sorted(chunks) == [0, 1, 2]
+    whole = generate(server, text="Once upon", sampling_params=params)
+    for i, got in chunks.items():
+        final = got[-1]
+        assert final["meta_info"]["finish_reason"] is not None
+        assert all(c["meta_info"]["finish_reason"] is None for c in got[:-1])
+        assert final["output_ids"] == whole[i]["output_ids"] and final["text"] == whole[i]["text"]
+    assert len({tuple(got[-1]["output_ids"]) for got in chunks.values()}) > 1  # distinct samples
+
+
+def test_generate_streams_a_batch_tagged_by_index(server):
+    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    chunks = stream_generate(server, text=["The sky is", "Count: one"], sampling_params=params)
+    assert sorted(chunks) == [0, 1]
+    for i, prompt in enumerate(["The sky is", "Count: one"]):
+        assert chunks[i][-1]["output_ids"] == generate(server, text=prompt, sampling_params=params)["output_ids"]
+
+
+def test_leaving_a_multi_request_stream_aborts_every_request(server):
+    def info():
+        return requests.get(server.url + "/get_server_info", timeout=10).json()
+
+    def idle():
+        i = info()
+        return i["num_running_reqs"] == 0 and i["num_waiting_reqs"] == 0 and i["available_kv_tokens"] == total
+
+    total = info()["max_total_num_tokens"]
+    wait_until(idle, 30, what="an idle server")
+    body = {"text": "never stop", "stream": True,
+            "sampling_params": {"n": 3, "max_new_tokens": 4000, "temperature": 1.0, "ignore_eos": True}}
+    with requests.post(server.url + "/generate", json=body, stream=True, timeout=60) as r:
+        chunks = Counter()
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                chunks[json.loads(line[len(b"data: "):])["index"]] += 1
+                if len(chunks) == 1 and sum(chunks.values()) == 1:
+                    start = time.monotonic()
+            if len(chunks) == 3 and min(chunks.values()) >= 4:
+                break
+        rate = sum(chunks.values()) / (time.monotonic() - start)  # chunks per second, all three together
+        assert info()["num_running_reqs"] == 3
+    closed = time.monotonic()
+    wait_until(idle, 60, what="all three requests aborted and their KV freed")
+    # thousands of tokens left on each: only aborts free all three this soon
+    assert time.monotonic() - closed < 0.5 * (3 * 4000 - sum(chunks.values())) / rate
 
 
 def test_min_new_tokens_holds_back_eos(server):

@@ -183,8 +183,8 @@ class Engine:
     """In-process engine: the same scheduler and detokenizer processes as the server, without HTTP.
 
     `generate` takes one prompt (or message list) or a batch (a list of them) and returns
-    `{"text", "output_ids", "meta_info"}` dicts; `stream=True` (single request) returns an iterator
-    of cumulative chunks. Use as a context manager or call `shutdown()`; it also runs at exit.
+    `{"text", "output_ids", "meta_info"}` dicts; `stream=True` returns an iterator of cumulative
+    chunks (for a batch or n > 1, every request's chunks as they come, tagged "index"). Use as a context manager or call `shutdown()`; it also runs at exit.
     Children are spawned, so a script creating an Engine needs the `if __name__ == "__main__":` guard."""
 
     def __init__(self, model_path: str | None = None, **kwargs: Any):
@@ -226,13 +226,9 @@ class Engine:
                                    image_data=_as_image_list(image_data), sampling_params=dict(sampling_params or {}),
                                    stream=stream)
             copies = obj.parallel_copies()
-            if len(copies) > 1:
-                if stream:
-                    raise ValueError("stream=True takes n=1; stream n requests instead")
-                return self._run(self._collect_batch(copies))
-            return self._stream(obj) if stream else self._run(self._collect(obj))
-        if stream:
-            raise ValueError("stream=True takes a single request, not a batch")
+            if stream:
+                return self._stream(copies)
+            return self._run(self._collect_batch(copies)) if len(copies) > 1 else self._run(self._collect(obj))
         n = len(prompt if isinstance(prompt, list) else input_ids if input_ids else messages)
         per_images = list(image_data) if image_data is not None else [None] * n
         per_params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
@@ -241,10 +237,11 @@ class Engine:
         objs = [
             GenerateReqInput(text=prompt[i] if prompt else None, input_ids=input_ids[i] if input_ids else None,
                              messages=messages[i] if messages else None, image_data=_as_image_list(per_images[i]),
-                             sampling_params=dict(per_params[i] or {}))
+                             sampling_params=dict(per_params[i] or {}), stream=stream)
             for i in range(n)
         ]
-        return self._run(self._collect_batch([c for o in objs for c in o.parallel_copies()]))
+        expanded = [c for o in objs for c in o.parallel_copies()]
+        return self._stream(expanded) if stream else self._run(self._collect_batch(expanded))
 
     async def _collect(self, obj) -> dict:
         out = None
@@ -255,8 +252,14 @@ class Engine:
     async def _collect_batch(self, objs) -> list[dict]:
         return list(await asyncio.gather(*(self._collect(o) for o in objs)))
 
-    def _stream(self, obj) -> Iterator[dict]:
-        agen = self.tokenizer_manager.generate_request(obj)
+    def _stream(self, objs) -> Iterator[dict]:
+        """Cumulative chunks of one request; of several (a batch, n samples), every request's chunks as
+        they come, each tagged "index" as /generate tags them."""
+        from sglang.srt.entrypoints.openai.serving_base import indexed_chunks, merge_streams
+
+        tm = self.tokenizer_manager
+        agen = (tm.generate_request(objs[0]) if len(objs) == 1
+                else indexed_chunks(merge_streams([tm.generate_request(o) for o in objs])))
         try:
             while True:
                 try:

@@ -32,6 +32,8 @@ from sglang.srt.entrypoints.openai.serving_base import (
     error_response,
     gather_finals,
     json_response,
+    indexed_chunks,
+    merge_streams,
     parse_json_body,
     sse_stream,
 )
@@ -195,7 +197,8 @@ def create_app(
             return error_response(e)
         streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
         if objs[0].stream:
-            return StreamingResponse(sse_stream(streams[0]), media_type="text/event-stream")
+            events = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))
+            return StreamingResponse(sse_stream(events), media_type="text/event-stream")
         try:
             out = await collect_until_disconnect(request, gather_finals(streams) if batch else streams[0])
         except GenerateError as e:
@@ -237,8 +240,6 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
         raise GenerateError("the batch is empty")
     n = len(prompts)
     stream = bool(data.get("stream", False))
-    if batch and stream:
-        raise GenerateError("stream is only supported for a single prompt")
     images = data.get("image_data")
     if batch:
         per_images = images if images is not None else [None] * n
@@ -275,9 +276,8 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
         expanded = [c for o in objs for c in o.parallel_copies()]
     except ValueError as e:
         raise GenerateError(str(e)) from None
-    if stream and len(expanded) > 1:
-        raise GenerateError("n > 1 with stream is not supported on /generate; use /v1/chat/completions or n requests")
     return expanded, batch or len(expanded) > len(objs)
+
 
 
 # ----------------------------------------------------------------------------- process entry

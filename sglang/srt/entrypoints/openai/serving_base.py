@@ -159,6 +159,18 @@ async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[
             await st.aclose()
 
 
+async def indexed_chunks(merged: AsyncIterator[tuple[int, dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
+    """Chunks of several native streams (/generate or Engine: a batch, n samples, or both) as they
+    come, each tagged with "index": its request's position in the expanded list (prompts in order,
+    each prompt's samples together: with one n for all, prompt p sample j is p * n + j). Closing this
+    closes the merge, which aborts every unfinished request."""
+    try:
+        async for i, out in merged:
+            yield {**out, "index": i}
+    finally:
+        await merged.aclose()
+
+
 async def _wait_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
