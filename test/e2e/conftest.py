@@ -298,16 +298,36 @@ class HFReference:
         ids = self.tokenizer.encode(self.render(template_messages), add_special_tokens=False)
         return self.processor.process(ids, images)
 
+    def _inputs(self, template_messages: list[dict], images: list[Image.Image]):
+        torch = self.torch
+        ids, mm = self.prompt(template_messages, images)
+        t = torch.tensor([ids], device=TEST_DEVICE)
+        kwargs = {"mm_token_type_ids": (t == mm.im_token_id).long()}
+        if images:
+            kwargs["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items]).to(TEST_DEVICE)
+            kwargs["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items], device=TEST_DEVICE)
+        return ids, t, kwargs
+
+    def prompt_logprobs(self, template_messages: list[dict], images: list[Image.Image], top_n: int = 0):
+        """(prompt ids, log-probability of prompt token i given the tokens before it for i >= 1, and the
+        top_n (logprob, id) alternatives at each of those positions)."""
+        torch = self.torch
+        ids, t, kwargs = self._inputs(template_messages, images)
+        with torch.no_grad():
+            logits = self.model(input_ids=t, attention_mask=torch.ones_like(t), **kwargs).logits[0].float()
+        lsm = torch.log_softmax(logits[:-1], dim=-1)
+        chosen = lsm.gather(1, t[0, 1:, None]).squeeze(1).tolist()
+        top = []
+        if top_n:
+            v, i = lsm.topk(top_n, dim=-1)
+            top = [list(zip(a, b)) for a, b in zip(v.tolist(), i.tolist())]
+        return ids, chosen, top
+
     def greedy(self, key: str, template_messages: list[dict], images: list[Image.Image], max_new_tokens: int) -> list[int]:
         key = (key, max_new_tokens)  # the same prompt is asked for with different lengths
         if key not in self._cache:
             torch = self.torch
-            ids, mm = self.prompt(template_messages, images)
-            t = torch.tensor([ids], device=TEST_DEVICE)
-            kwargs = {"mm_token_type_ids": (t == mm.im_token_id).long()}
-            if images:
-                kwargs["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items]).to(TEST_DEVICE)
-                kwargs["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items], device=TEST_DEVICE)
+            ids, t, kwargs = self._inputs(template_messages, images)
             with torch.no_grad():
                 out = self.model.generate(
                     input_ids=t, attention_mask=torch.ones_like(t), max_new_tokens=max_new_tokens, do_sample=False, **kwargs

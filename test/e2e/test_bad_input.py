@@ -71,6 +71,8 @@ def bad_requests(media_server, outside_image) -> dict[str, tuple[object, str]]:
         "generate_token_out_of_vocab": (("generate", {"input_ids": [1, 10**9]}), "vocabulary"),
         "generate_placeholder_without_image": (("generate", {"text": "<|vision_start|><|image_pad|><|vision_end|>"}), "placeholder"),
         "generate_long_input_ids": (("generate", {"input_ids": [100] * 4096}), "too long"),
+        "generate_logprob_start_len_negative": (("generate", {"text": "hi", "return_logprob": True, "logprob_start_len": -2}),
+                                                "logprob_start_len"),
     }
 
 

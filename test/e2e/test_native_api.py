@@ -47,6 +47,44 @@ def test_generate_input_ids_and_single_image_string(server, hf_ref):
     assert out["output_ids"] == hf_ref.greedy("one_image", tmpl, images, MAX_NEW)
 
 
+def _prompt_logprobs(server, text, images, start, top_n=0):
+    out = generate(server, text=text, image_data=[data_url(png_bytes(img)) for img in images],
+                   return_logprob=True, logprob_start_len=start, top_logprobs_num=top_n,
+                   sampling_params={"max_new_tokens": 1, "temperature": 0})
+    return out["meta_info"]
+
+
+@pytest.mark.parametrize("case", ["text_only", "three_images_mixed_sizes"])
+def test_prompt_logprobs_match_transformers_with_and_without_prefix_cache(server, hf_ref, case):
+    _, tmpl, images = build_case(CASES[case])
+    ids, ref, ref_top = hf_ref.prompt_logprobs(tmpl, images, top_n=2)
+    text = hf_ref.render(tmpl)
+    for _ in range(2):  # the second run finds the whole prompt cached, yet must score every token again
+        meta = _prompt_logprobs(server, text, images, start=0, top_n=2)
+        got = meta["input_token_logprobs"]
+        assert [t[1] for t in got] == ids and got[0][0] is None
+        assert all(abs(g[0] - r) < 1e-4 for g, r in zip(got[1:], ref)), max(abs(g[0] - r) for g, r in zip(got[1:], ref))
+        tops = meta["input_top_logprobs"]
+        assert tops[0] is None and [[a[1] for a in alts] for alts in tops[1:]] == [[i for _, i in alts] for alts in ref_top]
+        assert meta["cached_tokens"] == 0
+    tail = _prompt_logprobs(server, text, images, start=len(ids) - 3)
+    assert [t[1] for t in tail["input_token_logprobs"]] == ids[-3:]
+    assert all(abs(g[0] - r) < 1e-4 for g, r in zip(tail["input_token_logprobs"], ref[-3:]))
+    assert tail["cached_tokens"] == len(ids) - 4  # the cache serves all but what must be scored
+    assert "input_top_logprobs" not in tail and "input_token_logprobs" not in _prompt_logprobs(server, text, images, start=-1)
+
+
+def test_prompt_logprobs_across_prefill_chunks(launch_server, hf_ref):
+    _, tmpl, images = build_case(CASES["one_image"])
+    ids, ref, _ = hf_ref.prompt_logprobs(tmpl, images)
+    chunked = launch_server("--chunked-prefill-size", "16")
+    assert len(ids) > 3 * 16
+    got = _prompt_logprobs(chunked, hf_ref.render(tmpl), images, start=5)["input_token_logprobs"]
+    assert [t[1] for t in got] == ids[5:]
+    assert all(abs(g[0] - r) < 1e-4 for g, r in zip(got, ref[4:]))
+    chunked.close()
+
+
 def test_generate_batch_matches_single(server):
     params = {"max_new_tokens": 6, "temperature": 0}
     prompts = ["The sky is", "Once upon a time"]

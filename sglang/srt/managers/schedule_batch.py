@@ -42,6 +42,17 @@ class Req:
         # filled only when the request asks for logprobs: one entry per output token
         self.output_token_logprobs: list[tuple[float, int]] = []
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
+        # prompt logprobs (sampling_params.wants_input_logprobs): one entry per prompt position from
+        # input_logprob_start on, written by position, so a chunk run twice (re-prefill after a
+        # retraction) overwrites instead of appending; the first prompt token keeps logprob None
+        self.input_logprob_start: int | None = None
+        self.input_token_logprobs: list[tuple[float | None, int]] = []
+        self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
+        self.input_logprobs_sent = False
+        if sampling_params.wants_input_logprobs:
+            self.input_logprob_start = min(sampling_params.logprob_start_len, len(origin_input_ids))
+            self.input_token_logprobs = [(None, t) for t in origin_input_ids[self.input_logprob_start:]]
+            self.input_top_logprobs = [None] * len(self.input_token_logprobs)
         self.finished_reason: FinishReason | None = None
         self.to_abort: FinishReason | None = None
 
@@ -68,6 +79,25 @@ class Req:
     @property
     def prompt_len(self) -> int:
         return len(self.origin_input_ids)
+
+    def owes_input_logprobs(self) -> bool:
+        """Prompt logprobs asked and the prompt not yet fully prefilled once."""
+        return self.input_logprob_start is not None and not self.output_ids
+
+    def prefix_key(self) -> list[int]:
+        """What the prefix cache may serve: all of fill_ids but the last token, and while prompt logprobs
+        are owed, nothing from the position before the first one asked (its hidden state gives that
+        token's logprob, so it must run through the model)."""
+        limit = len(self.fill_ids) - 1
+        if self.owes_input_logprobs():
+            limit = min(limit, max(self.input_logprob_start - 1, 0))
+        return self.fill_ids[:limit]
+
+    def input_logprob_positions(self, start: int, end: int) -> range:
+        """Positions q in [start, end) whose hidden state scores prompt token q + 1 (owed, asked for)."""
+        if not self.owes_input_logprobs():
+            return range(0)
+        return range(max(start, self.input_logprob_start - 1, 0), min(end, self.prompt_len - 1))
 
     def is_prefilling(self) -> bool:
         """True while part of fill_ids (minus the newest token during decode) lacks KV."""
@@ -100,6 +130,9 @@ class ScheduleBatch:
     extend_lens: list[int] = field(default_factory=list)  # EXTEND: tokens per request this step
     prefix_lens: list[int] = field(default_factory=list)  # EXTEND: KV already present per request
     out_cache_loc: torch.Tensor | None = None
+    # EXTEND with prompt logprobs owed: (request index, prompt position scored) per scored row, in
+    # the order of the forward's input_logprobs; set by to_forward_batch
+    input_logprob_owners: list[tuple[int, int]] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not self.reqs
@@ -108,8 +141,13 @@ class ScheduleBatch:
         ids: list[int] = []
         pos: list[torch.Tensor] = []
         seq_lens: list[int] = []
+        rows: list[int] = []
+        self.input_logprob_owners = []
         if self.mode.is_extend():
-            for r, pre, n in zip(self.reqs, self.prefix_lens, self.extend_lens):
+            for i, (r, pre, n) in enumerate(zip(self.reqs, self.prefix_lens, self.extend_lens)):
+                for q in r.input_logprob_positions(pre, pre + n):
+                    rows.append(len(ids) + q - pre)
+                    self.input_logprob_owners.append((i, q + 1))
                 ids += r.model_input_ids(pre, pre + n)
                 pos.append(r.positions(pre, pre + n))
                 seq_lens.append(pre + n)
@@ -126,4 +164,11 @@ class ScheduleBatch:
             rids=[r.rid for r in self.reqs],
             stage_timings=[r.stage_timings_ms for r in self.reqs] if stage_timer_on else None,
             stage_totals={} if stage_timer_on else None,
+            **(self._input_logprob_fields(rows, device) if rows else {}),
         )
+
+    def _input_logprob_fields(self, rows: list[int], device) -> dict:
+        targets = [self.reqs[i].origin_input_ids[p] for i, p in self.input_logprob_owners]
+        idx = torch.tensor([rows, targets], dtype=torch.int64).to(device)
+        top_n = max(self.reqs[i].sampling_params.top_logprobs_num for i, _ in self.input_logprob_owners)
+        return {"input_logprob_rows": idx[0], "input_logprob_targets": idx[1], "input_top_logprobs_num": top_n}

@@ -18,8 +18,13 @@ class SchedulerOutputProcessorMixin:
     def run_batch(self, batch: ScheduleBatch) -> None:
         timer = self.stage_timer
         start = time.perf_counter()
-        next_ids, totals, logprobs = self.worker.forward_batch_generation(batch, timer.enabled)
+        next_ids, totals, logprobs, input_logprobs = self.worker.forward_batch_generation(batch, timer.enabled)
         logprobs = logprobs or [None] * len(next_ids)
+        for (i, pos), (lp, alts) in zip(batch.input_logprob_owners, input_logprobs):
+            req = batch.reqs[i]
+            k = pos - req.input_logprob_start
+            req.input_token_logprobs[k] = (lp, req.origin_input_ids[pos])
+            req.input_top_logprobs[k] = alts[: req.sampling_params.top_logprobs_num]
         now = time.perf_counter()
         if timer.enabled:
             step_ms = (now - start) * 1e3
@@ -124,6 +129,11 @@ class SchedulerOutputProcessorMixin:
             if r.output_token_logprobs:  # only the new positions: the tokenizer side accumulates them
                 meta["output_token_logprobs_delta"] = r.output_token_logprobs[r.sent_len :]
                 meta["output_top_logprobs_delta"] = r.output_top_logprobs[r.sent_len :]
+            if r.input_logprob_start is not None and not r.input_logprobs_sent and (r.output_ids or r.finished()):
+                meta["input_token_logprobs"] = r.input_token_logprobs
+                if r.sampling_params.top_logprobs_num:
+                    meta["input_top_logprobs"] = r.input_top_logprobs
+                r.input_logprobs_sent = True
             r.sent_len = len(r.output_ids)
             out.finished_reasons.append(r.finished_reason)
             out.prompt_tokens.append(r.prompt_len)

@@ -344,6 +344,11 @@ class TokenizerManager:
                         [lp, tok, None] for lp, tok in meta.pop("output_token_logprobs_delta"))
                     state.meta_info.setdefault("output_top_logprobs", []).extend(
                         [[lp, tok, None] for lp, tok in alts] for alts in meta.pop("output_top_logprobs_delta"))
+                if "input_token_logprobs" in meta:
+                    meta["input_token_logprobs"] = [[lp, tok, None] for lp, tok in meta["input_token_logprobs"]]
+                if "input_top_logprobs" in meta:
+                    meta["input_top_logprobs"] = [None if alts is None else [[lp, tok, None] for lp, tok in alts]
+                                                  for alts in meta["input_top_logprobs"]]
                 state.meta_info.update(meta)
             state.meta_info["prompt_tokens"] = msg.prompt_tokens[i]
             state.meta_info["completion_tokens"] = msg.completion_tokens[i]

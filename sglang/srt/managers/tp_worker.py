@@ -44,7 +44,8 @@ class TpModelWorker:
     def forward_batch_generation(self, batch: ScheduleBatch, stage_timer_on: bool = False):
         """Runs the batch; returns (one sampled token per request, meaningful only for requests whose
         prompt is complete after this step; the stage timer's batch totals; per-request logprobs, None
-        where not asked: (token logprob, [(logprob, token id), ...] top alternatives))."""
+        where not asked: (token logprob, [(logprob, token id), ...] top alternatives); prompt logprobs,
+        one (logprob, alternatives) per `batch.input_logprob_owners` entry)."""
         runner = self.model_runner
         fb = batch.to_forward_batch(runner.device, stage_timer_on)
         out = runner.forward(fb)
@@ -64,7 +65,16 @@ class TpModelWorker:
         logprobs = None
         if any(p.return_logprob or p.top_logprobs_num for p in params):
             logprobs = self._logprobs(logits, ids, params)
-        return ids.tolist(), fb.stage_totals or {}, logprobs  # the step's device-to-host copies
+        input_logprobs = self._input_logprobs(out.input_logprobs) if out.input_logprobs is not None else []
+        return ids.tolist(), fb.stage_totals or {}, logprobs, input_logprobs  # the step's device-to-host copies
+
+    @staticmethod
+    def _input_logprobs(scored) -> list:
+        chosen, top = scored
+        chosen = chosen.tolist()
+        if top is None:
+            return [(lp, []) for lp in chosen]
+        return [(lp, list(zip(v, i))) for lp, v, i in zip(chosen, top[0].tolist(), top[1].tolist())]
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, ids: torch.Tensor, params: list) -> list:

@@ -40,14 +40,14 @@ class KVCacheManager:
     def peek_prefix_len(self, req) -> int:
         if req.admitted:
             return req.kv_len
-        return int(self.tree.match_prefix(req.fill_ids[:-1]).indices.numel())
+        return int(self.tree.match_prefix(req.prefix_key()).indices.numel())
 
     def admit(self, req) -> bool:
         """Takes a request slot and the cached prefix of its key; False when no slot is free."""
         idx = self.req_to_token_pool.alloc()
         if idx is None:
             return False
-        match = self.tree.match_prefix(req.fill_ids[:-1])
+        match = self.tree.match_prefix(req.prefix_key())
         req.req_pool_idx = idx
         req.kv_indices = match.indices.to(torch.int64)
         req.cache_len = req.kv_len

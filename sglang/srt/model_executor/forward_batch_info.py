@@ -51,6 +51,11 @@ class ForwardBatch:
     token_to_kv_pool: Any = None
     attn_backend: Any = None
     return_all_logits: bool = False
+    # prompt logprobs: flat rows whose hidden state scores the next prompt token, that token's id, and
+    # how many top alternatives to return (None when no request of the batch asks)
+    input_logprob_rows: torch.Tensor | None = None
+    input_logprob_targets: torch.Tensor | None = None
+    input_top_logprobs_num: int = 0
     mm_embedder: "MultimodalEmbedder | None" = None  # set by the model runner
     # Stage timer (None when off): one dict per request, plus this batch's totals.
     stage_timings: list[dict] | None = None

@@ -27,6 +27,9 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once if the token occurs in the output
     return_logprob: bool = False  # log-probability of each output token (the model's distribution)
     top_logprobs_num: int = 0  # and of this many most likely alternatives per position
+    # with return_logprob or top_logprobs_num: also each prompt token's log-probability from this
+    # position on (the first prompt token has none); -1: output tokens only (upstream's default)
+    logprob_start_len: int = -1
 
     def verify(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -60,10 +63,16 @@ class SamplingParams:
                 raise SamplingParamsError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
         if not isinstance(self.top_logprobs_num, int) or not 0 <= self.top_logprobs_num <= 20:
             raise SamplingParamsError(f"top_logprobs_num must be an integer in [0, 20], got {self.top_logprobs_num!r}")
+        if not isinstance(self.logprob_start_len, int) or isinstance(self.logprob_start_len, bool) or self.logprob_start_len < -1:
+            raise SamplingParamsError(f"logprob_start_len must be -1 or a non-negative integer, got {self.logprob_start_len!r}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return bool(self.return_logprob or self.top_logprobs_num) and self.logprob_start_len >= 0
 
     @property
     def has_penalty(self) -> bool:
