@@ -71,6 +71,31 @@ def ref_ids(server, prompt: str) -> list[int]:
     return AutoTokenizer.from_pretrained(server.model_dir).encode(prompt, add_special_tokens=False)
 
 
+def test_completion_echo_with_logprobs_scores_the_prompt_like_an_eval_harness(server, client):
+    prompt = "The capital of France is"
+    ids = ref_ids(server, prompt)
+    scored = generate(server, text=prompt, return_logprob=True, logprob_start_len=0,
+                      sampling_params={"max_new_tokens": 1, "temperature": 0})
+    ref = scored["meta_info"]["input_token_logprobs"]
+    # the loglikelihood request of lm-eval's completions backend
+    resp = complete(client, prompt=prompt, max_tokens=1, logprobs=1, echo=True)
+    choice = resp.choices[0]
+    assert choice.text == prompt + scored["text"]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) + 1 and "".join(lp.tokens) == choice.text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1 : len(ids)] == [r[0] for r in ref[1:]]
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
+    by_ids = complete(client, prompt=ids, max_tokens=1, echo=True)  # echo without logprobs: text only
+    assert by_ids.choices[0].text == choice.text and by_ids.choices[0].logprobs is None
+    chunks = list(complete(client, prompt=prompt, max_tokens=3, logprobs=1, echo=True, stream=True))
+    streamed = [c.choices[0] for c in chunks if c.choices]
+    assert streamed[0].text.startswith(prompt) and "".join(c.text for c in streamed).startswith(prompt + scored["text"])
+    offsets = [o for c in streamed if c.logprobs for o in c.logprobs.text_offset]
+    tokens = [t for c in streamed if c.logprobs for t in c.logprobs.tokens]
+    assert offsets == [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))] and len(tokens) == len(ids) + 3
+
+
 def test_completion_stop_string_stream_and_not(client):
     prompt = "List some words: " + uuid.uuid4().hex[:8]
     base = complete(client, prompt=prompt, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text
@@ -84,7 +109,7 @@ def test_completion_stop_string_stream_and_not(client):
     assert resp.usage.completion_tokens < 24
 
 
-@pytest.mark.parametrize("kw, word", [({"echo": True}, "echo"), ({"n": 0}, "n must be"),
+@pytest.mark.parametrize("kw, word", [({"n": 0}, "n must be"),
                                       ({"best_of": 2}, "best_of"), ({"suffix": "end"}, "suffix"),
                                       ({"prompt": ["a", "b"]}, "list of prompts")])
 def test_completion_unsupported_parameter_is_400_naming_it(client, kw, word):

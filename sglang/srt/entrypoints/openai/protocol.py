@@ -126,15 +126,16 @@ class CompletionRequest(_Tolerant):
     min_tokens: int | None = None
 
     def logprob_params(self) -> dict[str, Any]:
-        return {"return_logprob": self.logprobs is not None, "top_logprobs_num": self.logprobs or 0}
+        params = {"return_logprob": self.logprobs is not None, "top_logprobs_num": self.logprobs or 0}
+        if self.echo and self.logprobs is not None:  # the echoed prompt's tokens are scored too
+            params["logprob_start_len"] = 0
+        return params
 
     def unsupported(self) -> str | None:
         """A message naming the first requested feature this server does not implement, if any.
         Every parameter accepted but not honoured is refused here, and only here."""
         if self.best_of is not None and self.best_of != self.n:
             return f"best_of={self.best_of} is not supported: only best_of equal to n"
-        if self.echo:
-            return "echo is not supported"
         if self.suffix:
             return "suffix is not supported"
         if self.logit_bias:

@@ -330,6 +330,24 @@ def chat_logprobs(ctx: ResponseContext, meta: dict[str, Any], start: int = 0) ->
     return {"content": content}
 
 
+def prompt_logprobs(ctx: ResponseContext, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The legacy `logprobs` object over the prompt (echo): the first token has no logprob (null), as
+    in OpenAI's responses. None when the prompt was not scored."""
+    if "input_token_logprobs" not in meta:
+        return None
+    tops = meta.get("input_top_logprobs") or [None] * len(meta["input_token_logprobs"])
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+    for (lp, tok, _), alts in zip(meta["input_token_logprobs"], tops):
+        text = ctx.token_text(tok)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp)
+        out["top_logprobs"].append(None if alts is None else {ctx.token_text(atok): alp for alp, atok, _ in alts})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
 def completion_logprobs(ctx: ResponseContext, meta: dict[str, Any], start: int = 0, offset: int = 0) -> dict[str, Any] | None:
     """OpenAI completions' legacy `logprobs` object for the output positions from `start` on;
     `offset` is the character offset of the first token in the completion text."""

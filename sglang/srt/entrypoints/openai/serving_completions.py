@@ -2,7 +2,9 @@
 GenerateReqInput -> `text_completion` response or SSE chunks.
 
 The request flow is `OpenAIServingBase`'s; parameters that are accepted but not implemented are
-refused (400, naming them) by `CompletionRequest.unsupported()`.
+refused (400, naming them) by `CompletionRequest.unsupported()`. `echo` puts the prompt before each
+choice's text and, with `logprobs`, the prompt's token logprobs before the completion's (the first
+token's null): the loglikelihood request of evaluation harnesses.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     ResponseContext,
     completion_logprobs,
     finish_reason_str,
+    prompt_logprobs,
     sampling_from_request,
     usage_of_choices,
 )
@@ -41,11 +44,25 @@ class OpenAIServingCompletion(OpenAIServingBase):
             created_time=created,
         )
 
+    def _prompt_text(self, req: CompletionRequest, ctx: ResponseContext) -> str:
+        if isinstance(req.prompt, str):
+            return req.prompt
+        return ctx.tokenizer.decode(list(req.prompt)) if ctx.tokenizer is not None else ""
+
+    def _echoed(self, req: CompletionRequest, ctx: ResponseContext, meta: dict[str, Any]) -> tuple[str, dict | None]:
+        """(prompt text, prompt logprobs or None) to put first in a choice; ("", None) without echo."""
+        if not req.echo:
+            return "", None
+        return self._prompt_text(req, ctx), prompt_logprobs(ctx, meta) if req.logprobs is not None else None
+
     def _build_response(self, req: CompletionRequest, ctx: ResponseContext, outs: list[dict[str, Any]]) -> dict[str, Any]:
         choices = []
         for i, out in enumerate(outs):
-            fr = out["meta_info"]["finish_reason"] or {}
-            choices.append(CompletionChoice(index=i, text=out["text"], logprobs=completion_logprobs(ctx, out["meta_info"]),
+            meta = out["meta_info"]
+            fr = meta["finish_reason"] or {}
+            prefix, prefix_lp = self._echoed(req, ctx, meta)
+            lps = completion_logprobs(ctx, meta, offset=len(prefix))
+            choices.append(CompletionChoice(index=i, text=prefix + out["text"], logprobs=_joined(prefix_lp, lps),
                                             finish_reason=finish_reason_str(fr), matched_stop=fr.get("matched")))
         resp = CompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
                                   usage=usage_of_choices([o["meta_info"] for o in outs]))
@@ -60,14 +77,17 @@ class OpenAIServingCompletion(OpenAIServingBase):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         n = max(1, req.n)
         sent, sent_lp, finals = [0] * n, [0] * n, {}
+        echoed: dict[int, int] = {}  # choice index -> length of the prompt text echoed in its first chunk
         async for i, out in outputs:
             text, meta = out["text"], out["meta_info"]
             fr = meta["finish_reason"]
-            lps = completion_logprobs(ctx, meta, sent_lp[i], sent[i])
-            if len(text) <= sent[i] and fr is None and not (lps and lps["tokens"]):
+            prefix, prefix_lp = ("", None) if i in echoed else self._echoed(req, ctx, meta)
+            lps = completion_logprobs(ctx, meta, sent_lp[i], sent[i] + echoed.get(i, len(prefix)))
+            if len(text) <= sent[i] and fr is None and not (lps and lps["tokens"]) and not prefix:
                 continue
-            choice = CompletionChoice(index=i, text=text[sent[i]:], logprobs=lps, finish_reason=finish_reason_str(fr),
-                                      matched_stop=(fr or {}).get("matched"))
+            echoed.setdefault(i, len(prefix))
+            choice = CompletionChoice(index=i, text=prefix + text[sent[i]:], logprobs=_joined(prefix_lp, lps),
+                                      finish_reason=finish_reason_str(fr), matched_stop=(fr or {}).get("matched"))
             sent[i] = max(sent[i], len(text))
             sent_lp[i] += len(lps["tokens"]) if lps else 0
             yield CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[choice]).model_dump()
@@ -76,3 +96,10 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if include_usage and len(finals) == n:
             yield CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
                                            usage=usage_of_choices([finals[i] for i in range(n)])).model_dump()
+
+
+def _joined(first: dict | None, then: dict | None) -> dict | None:
+    """Two legacy logprobs objects one after the other (prompt, then completion)."""
+    if first is None or then is None:
+        return then if first is None else first
+    return {k: first[k] + then[k] for k in first}
