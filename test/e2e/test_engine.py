@@ -64,6 +64,18 @@ def test_stream_of_a_batch_and_of_n_samples_tags_each_chunk_with_its_request(eng
     assert [by_index[0], by_index[1]] == [o["output_ids"] for o in engine.generate("Hello there", sampling_params=sampled)]
 
 
+def test_upstream_logprob_keywords(engine):
+    out = engine.generate("Hello there", sampling_params={"max_new_tokens": 2, "temperature": 0},
+                          return_logprob=True, logprob_start_len=1, top_logprobs_num=2)
+    meta = out["meta_info"]
+    assert len(meta["output_token_logprobs"]) == 2 and len(meta["output_top_logprobs"][0]) == 2
+    whole = engine.generate("Hello there", sampling_params={"max_new_tokens": 1}, return_logprob=True,
+                            logprob_start_len=0)["meta_info"]["input_token_logprobs"]
+    assert whole[0][0] is None and len(meta["input_token_logprobs"]) == len(whole) - 1
+    for (lp, tok, _), (ref_lp, ref_tok, _) in zip(meta["input_token_logprobs"], whole[1:]):
+        assert tok == ref_tok and abs(lp - ref_lp) < 1e-5
+
+
 def test_bad_input_raises_with_status(engine):
     with pytest.raises(GenerateError, match="temperature") as e:
         engine.generate("hi", sampling_params={"temperature": -1})

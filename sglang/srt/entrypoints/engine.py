@@ -215,8 +215,22 @@ class Engine:
         sampling_params: dict | list[dict] | None = None,
         stream: bool = False,
         input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
+        """`return_logprob`, `logprob_start_len`, `top_logprobs_num`: upstream's keyword arguments; they
+        join every request's sampling parameters (meta_info then holds output_token_logprobs, and
+        input_token_logprobs from logprob_start_len on)."""
         from sglang.srt.managers.io_struct import GenerateReqInput
+
+        logprob_kw = {k: v for k, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num))
+                      if v is not None}
+        if return_logprob:
+            logprob_kw["return_logprob"] = True
+        if logprob_kw:
+            sampling_params = ([{**(p or {}), **logprob_kw} for p in sampling_params] if isinstance(sampling_params, list)
+                               else {**(sampling_params or {}), **logprob_kw})
 
         batch = isinstance(prompt, list) or (input_ids and isinstance(input_ids[0], list)) or (
             messages and isinstance(messages[0], list)
