@@ -83,6 +83,11 @@ class TokenizerManager:
         self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
 
         self.rid_to_state: dict[str, _ReqState] = {}
+        # Requests between tokenize_request and generate_tokenized (images decoding, not yet sent):
+        # rid -> when preparing began. An abort_request meeting one marks it in _aborted_early, and
+        # generate_tokenized then ends it before it reaches a scheduler.
+        self._preparing: dict[str, float] = {}
+        self._aborted_early: set[str] = set()
 
         self.healthy = True
         self.dead_reason: str | None = None
@@ -205,18 +210,29 @@ class TokenizerManager:
         """Validates and prepares one request; raises GenerateError (400) naming any problem."""
         self._raise_if_unhealthy()
         rid = obj.rid or uuid.uuid4().hex
-        if rid in self.rid_to_state:
+        if rid in self.rid_to_state or rid in self._preparing:
             raise GenerateError(f"request id {rid!r} is already in use")
         if not obj.created_time:
             obj.created_time = time.time()
-        checked = self.builder.check(obj, rid)
+        self._preparing[rid] = time.monotonic()
         try:
+            checked = self.builder.check(obj, rid)
             return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
         except GenerateError:
+            self._forget_preparing(rid)
             raise
-        except Exception:
+        except BaseException:
+            self._forget_preparing(rid)
             self._raise_if_unhealthy()  # shut down under it (pool cancelled): 503, not a 500
             raise
+
+    def _forget_preparing(self, rid: str) -> bool:
+        """Ends `rid`'s preparing phase; True when an abort_request arrived during it."""
+        self._preparing.pop(rid, None)
+        if rid in self._aborted_early:
+            self._aborted_early.discard(rid)
+            return True
+        return False
 
     async def generate_tokenized(
         self, tokenized: TokenizedGenerateReqInput, payload: bytes | None = None
@@ -227,6 +243,11 @@ class TokenizerManager:
             raise GenerateError(f"request id {rid!r} is already in use")
         sp = tokenized.sampling_params
         state = _ReqState(rid, tokenized.stream, list(sp.stop), tokenized.created_time)
+        if self._forget_preparing(rid):  # aborted while its images were decoding: never sent
+            release_unsent(self.builder.take_unsent_shm(rid))
+            state.finished_reason = FinishReason("abort", message="aborted by an abort_request")
+            yield self._final_output(state)
+            return
         self.rid_to_state[rid] = state
         try:
             if payload is None:
@@ -296,7 +317,9 @@ class TokenizerManager:
         rids = list(self.rid_to_state) if abort_all else [rid] if rid in self.rid_to_state else []
         for r in rids:
             self._send_abort(r, "aborted by an abort_request")
-        return len(rids)
+        early = list(self._preparing) if abort_all else [rid] if rid in self._preparing else []
+        self._aborted_early.update(early)
+        return len(rids) + len(early)
 
     def _forget_and_abort(self, rid: str) -> None:
         """Forget `rid` (its caller is gone) and tell the scheduler to drop it. Never blocks."""
@@ -367,6 +390,9 @@ class TokenizerManager:
         while True:
             await asyncio.sleep(max_age_s / 4)
             release_unsent(self.builder.expired_unsent_shm(max_age_s))
+            now = time.monotonic()
+            for rid in [r for r, t in self._preparing.items() if now - t > max_age_s]:
+                self._forget_preparing(rid)  # prepared, never sent: its caller went away
 
     def _observe(self, state: _ReqState, new_tokens: int) -> None:
         now = time.time()

@@ -6,10 +6,12 @@ errors."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, FinishReason, TokenizedGenerateReqInput
+from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, FinishReason, GenerateReqInput, TokenizedGenerateReqInput
 from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -31,7 +33,21 @@ class _Sock:
 
 
 class _Builder:
+    """Stands in for the request builder; `build` waits for `release` (images still decoding)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.taken = []
+
+    def check(self, obj, rid):
+        return rid
+
+    def build(self, rid):
+        assert self.release.wait(10)
+        return _tokenized(rid), b"payload"
+
     def take_unsent_shm(self, rid):
+        self.taken.append(rid)
         return []
 
 
@@ -39,6 +55,7 @@ def _manager() -> TokenizerManager:
     tm = TokenizerManager.__new__(TokenizerManager)  # no processes: only the request plumbing is used
     tm.healthy, tm._closing, tm.dead_reason = True, False, None
     tm.rid_to_state, tm.metrics = {}, None
+    tm._preparing, tm._aborted_early = {}, set()
     tm.builder, tm.stage_timer = _Builder(), VlmStageTimer(False)
     tm._send_sock = _Sock()
     return tm
@@ -124,3 +141,44 @@ def test_a_caller_that_leaves_aborts_and_forgets_its_request():
         assert [(m.rid, m.reason) for m in _aborts(tm)] == [("c", "aborted by client")]
 
     asyncio.run(scenario())
+
+
+def test_an_abort_while_the_request_is_still_being_prepared_ends_it_before_it_is_sent():
+    async def main():
+        tm = _manager()
+        tm._request_pool = ThreadPoolExecutor(1)
+        prep = asyncio.ensure_future(tm.tokenize_request(GenerateReqInput(text="x", rid="early")))
+        while "early" not in tm._preparing:
+            await asyncio.sleep(0)
+        with pytest.raises(GenerateError, match="already in use"):
+            await tm.tokenize_request(GenerateReqInput(text="x", rid="early"))
+        assert tm.abort_request("early") == 1
+        tm.builder.release.set()
+        tokenized, payload = await prep
+        outs = [o async for o in tm.generate_tokenized(tokenized, payload)]
+        assert len(outs) == 1 and outs[0]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted by an abort_request"}
+        assert tm._send_sock.sent == []  # never reached a scheduler
+        assert tm.builder.taken == ["early"] and tm._preparing == {} and tm._aborted_early == set() and tm.rid_to_state == {}
+        # the same id is free again, and without an abort a prepared request is sent as usual
+        tokenized, payload = await tm.tokenize_request(GenerateReqInput(text="x", rid="early"))
+        gen = tm.generate_tokenized(tokenized, payload)
+        task = asyncio.ensure_future(gen.__anext__())
+        while not tm._send_sock.sent:
+            await asyncio.sleep(0)
+        assert tm._send_sock.sent == [b"payload"] and "early" in tm.rid_to_state
+        task.cancel()
+        tm._request_pool.shutdown()
+
+    asyncio.run(main())
+
+
+def test_abort_all_reaches_requests_still_being_prepared():
+    async def main():
+        tm = _manager()
+        tm._preparing = {"p1": 0.0, "p2": 0.0}
+        tm.rid_to_state = {}
+        assert tm.abort_request(abort_all=True) == 2 and tm._aborted_early == {"p1", "p2"}
+        outs = [o async for o in tm.generate_tokenized(_tokenized("p1"))]
+        assert outs[-1]["meta_info"]["finish_reason"]["type"] == "abort" and tm._send_sock.sent == []
+
+    asyncio.run(main())
