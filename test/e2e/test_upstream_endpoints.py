@@ -96,6 +96,26 @@ def test_completion_echo_with_logprobs_scores_the_prompt_like_an_eval_harness(se
     assert offsets == [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))] and len(tokens) == len(ids) + 3
 
 
+def test_completion_list_of_prompts_numbers_choices_prompt_major(server, client):
+    prompts = ["The sky is", "Count: one two"]
+    singles = [complete(client, prompt=p, max_tokens=4) for p in prompts]
+    resp = complete(client, prompt=prompts, max_tokens=4, n=2, echo=True)
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    for i, c in enumerate(resp.choices):
+        assert c.text == prompts[i // 2] + singles[i // 2].choices[0].text  # greedy: both samples agree
+    assert resp.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert resp.usage.completion_tokens == 2 * sum(s.usage.completion_tokens for s in singles)
+    by_ids = complete(client, prompt=[ref_ids(server, p) for p in prompts], max_tokens=4)
+    assert [c.text for c in by_ids.choices] == [s.choices[0].text for s in singles]
+    text = {0: "", 1: ""}
+    for chunk in complete(client, prompt=prompts, max_tokens=4, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            text[c.index] += c.text
+        if chunk.usage is not None:
+            assert chunk.usage.prompt_tokens == resp.usage.prompt_tokens
+    assert [text[0], text[1]] == [s.choices[0].text for s in singles]
+
+
 def test_completion_stop_string_stream_and_not(client):
     prompt = "List some words: " + uuid.uuid4().hex[:8]
     base = complete(client, prompt=prompt, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text
@@ -111,7 +131,7 @@ def test_completion_stop_string_stream_and_not(client):
 
 @pytest.mark.parametrize("kw, word", [({"n": 0}, "n must be"),
                                       ({"best_of": 2}, "best_of"), ({"suffix": "end"}, "suffix"),
-                                      ({"prompt": ["a", "b"]}, "list of prompts")])
+                                      ({"prompt": []}, "prompt is empty")])
 def test_completion_unsupported_parameter_is_400_naming_it(client, kw, word):
     kw.setdefault("prompt", "hello")
     with pytest.raises(openai.BadRequestError) as e:

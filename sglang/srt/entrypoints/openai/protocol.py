@@ -97,7 +97,7 @@ class ChatCompletionRequest(_Tolerant):
 
 class CompletionRequest(_Tolerant):
     model: str | None = None
-    # one prompt: text or token ids (a list of prompts is refused by `unsupported()`)
+    # one prompt (text or token ids) or a list of them: choice index = prompt index * n + sample
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default; null: up to the context length
     temperature: float | None = None
@@ -140,9 +140,12 @@ class CompletionRequest(_Tolerant):
             return "suffix is not supported"
         if self.logit_bias:
             return "logit_bias is not supported"
-        if self.is_batch():
-            return "a list of prompts is not supported: send one prompt (a string or a list of token ids) per request"
+        if isinstance(self.prompt, list) and not self.prompt:
+            return "prompt is empty"
         return None
+
+    def prompts(self) -> list[str | list[int]]:
+        return list(self.prompt) if self.is_batch() else [self.prompt]  # type: ignore[list-item]
 
     def is_batch(self) -> bool:
         p = self.prompt

@@ -227,9 +227,8 @@ class OpenAIServingBase:
         tm = self.tokenizer_manager
         try:
             req = self._parse(await request.body())
-            obj = self._convert_to_internal_request(req, created)
             try:
-                copies = obj.parallel_copies()
+                copies = [c for obj in self._convert_to_internal_requests(req, created) for c in obj.parallel_copies()]
             except ValueError as e:
                 raise GenerateError(str(e)) from None
             prepared = [await tm.tokenize_request(c) for c in copies]
@@ -269,6 +268,10 @@ class OpenAIServingBase:
     def _convert_to_internal_request(self, req: Any, created: float) -> GenerateReqInput:
         raise NotImplementedError
 
+    def _convert_to_internal_requests(self, req: Any, created: float) -> list[GenerateReqInput]:
+        """One internal request per prompt (choices are prompt-major: prompt p's n samples together)."""
+        return [self._convert_to_internal_request(req, created)]
+
     def _build_response(self, req: Any, ctx: ResponseContext, outs: list[dict[str, Any]]) -> dict[str, Any]:
         """`outs`: one final output per choice, in choice order."""
         raise NotImplementedError
@@ -301,9 +304,12 @@ def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str 
     }
 
 
-def usage_of_choices(metas: list[dict[str, Any]]) -> UsageInfo:
-    """The prompt counted once (the choices share it), completions summed."""
+def usage_of_choices(metas: list[dict[str, Any]], per_prompt: int | None = None) -> UsageInfo:
+    """Each prompt counted once, completions summed. All choices share one prompt, or (a list of
+    prompts) every `per_prompt` consecutive choices share one."""
     usage = usage_from_meta(metas[0])
+    if per_prompt is not None:
+        usage.prompt_tokens = sum(m.get("prompt_tokens", 0) for m in metas[:: max(1, per_prompt)])
     usage.completion_tokens = sum(m.get("completion_tokens", 0) for m in metas)
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
     return usage
