@@ -20,8 +20,9 @@ class LogitsProcessorOutput:
     input_logprobs: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
 
-# rows of (rows, vocab) float32 logits live at once while scoring a prompt: 1024 x 152k = 0.6 GB
-INPUT_LOGPROB_CHUNK = 1024
+# rows of (rows, vocab) float32 logits live at once while scoring a prompt: 512 x 152k = 0.3 GB,
+# beside a KV pool that holds most of the device
+INPUT_LOGPROB_CHUNK = 512
 
 
 class LogitsProcessor(nn.Module):
