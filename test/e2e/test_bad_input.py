@@ -71,6 +71,8 @@ def bad_requests(media_server, outside_image) -> dict[str, tuple[object, str]]:
         "generate_token_out_of_vocab": (("generate", {"input_ids": [1, 10**9]}), "vocabulary"),
         "generate_placeholder_without_image": (("generate", {"text": "<|vision_start|><|image_pad|><|vision_end|>"}), "placeholder"),
         "generate_long_input_ids": (("generate", {"input_ids": [100] * 4096}), "too long"),
+        "logit_bias_out_of_vocab": (chat_body(logit_bias={"999999999": 1}), "outside the vocabulary"),
+        "logit_bias_too_large": (chat_body(logit_bias={"5": 500}), "logit_bias"),
         "generate_logprob_start_len_negative": (("generate", {"text": "hi", "return_logprob": True, "logprob_start_len": -2}),
                                                 "logprob_start_len"),
     }

@@ -166,3 +166,19 @@ def test_penalties_change_greedy_repetition(server):
     assert len(set(pen)) >= len(set(plain)) and pen != plain
     present = generate(server, text="a a a a", sampling_params={**base, "presence_penalty": 2.0})["output_ids"]
     assert len(present) == 24
+
+
+def test_logit_bias_forces_and_forbids_tokens(server, client):
+    base = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    plain = generate(server, text="The sky is", sampling_params=base)["output_ids"]
+    forced = generate(server, text="The sky is", sampling_params={**base, "logit_bias": {"42": 100}})["output_ids"]
+    assert forced == [42] * 4
+    banned = generate(server, text="The sky is", sampling_params={**base, "logit_bias": {str(plain[0]): -100}})
+    assert banned["output_ids"][0] != plain[0]
+    chat = client.chat.completions.create(model="default", messages=MSG, max_tokens=3, temperature=0,
+                                          logit_bias={"42": 100}, extra_body={"ignore_eos": True})
+    comp = client.completions.create(model="default", prompt="The sky is", max_tokens=3, temperature=0,
+                                     logit_bias={"42": 100}, extra_body={"ignore_eos": True})
+    forced_text = generate(server, text="x", sampling_params={**base, "max_new_tokens": 3, "logit_bias": {"42": 100}})["text"]
+    assert chat.choices[0].message.content == comp.choices[0].text == forced_text
+    assert chat.usage.completion_tokens == comp.usage.completion_tokens == 3

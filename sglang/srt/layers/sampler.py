@@ -50,6 +50,8 @@ class SamplingBatchInfo:
     penalties: "Penalties | None" = None
     # (rows, token ids) whose logits are -inf this step: stop tokens of rows below min_new_tokens
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
+    # (rows, token ids, biases) added to the logits: the requests' logit_bias
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_params(cls, params: list, seeds: list[int | None], vocab_size: int, device, steps: list[int],
@@ -121,10 +123,28 @@ def banned_tokens(params: list, outputs: list[list[int]], eos_ids: list[int], de
     return t[0], t[1]
 
 
+def logit_bias_entries(params: list, device):
+    """(rows, ids, biases) of every request's logit_bias, moved with one copy; None when none has one."""
+    rows, ids, vals = [], [], []
+    for i, p in enumerate(params):
+        for tok, bias in (p.logit_bias or {}).items():
+            rows.append(i)
+            ids.append(tok)
+            vals.append(bias)
+    if not rows:
+        return None
+    t = torch.tensor([rows, ids], dtype=torch.int64).to(device, non_blocking=True)
+    return t[0], t[1], torch.tensor(vals, dtype=torch.float32).to(device, non_blocking=True)
+
+
 def adjust_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """Penalties and min-token masks: what the distribution is sampled (and logprobs taken) from."""
+    """Penalties, logit biases and min-token masks: what the distribution is sampled (and logprobs
+    taken) from."""
     if info.penalties is not None:
         logits = info.penalties.apply(logits)
+    if info.logit_bias is not None:
+        rows, ids, vals = info.logit_bias
+        logits = logits.index_put((rows, ids), vals.to(logits.dtype), accumulate=True)
     if info.banned is not None:
         logits = logits.index_put(info.banned, torch.tensor(float("-inf"), device=logits.device))
     return logits

@@ -131,6 +131,9 @@ class RequestBuilder:
         if obj.text is not None and not isinstance(obj.text, str):
             raise GenerateError(f"text must be a string, got {type(obj.text).__name__}")
         sampling, to_context = make_sampling_params(obj.sampling_params)
+        bad = next((t for t in (sampling.logit_bias or ()) if t >= self.vocab_size), None)
+        if bad is not None:
+            raise GenerateError(f"logit_bias names token id {bad} outside the vocabulary [0, {self.vocab_size})")
         images = list(obj.image_data or [])
         messages = None
         if obj.messages is not None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
-from sglang.srt.layers.sampler import Penalties, Sampler, SamplingBatchInfo, adjust_logits, banned_tokens, token_logprobs
+from sglang.srt.layers.sampler import (
+    Penalties,
+    Sampler,
+    SamplingBatchInfo,
+    adjust_logits,
+    banned_tokens,
+    logit_bias_entries,
+    token_logprobs,
+)
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.server_args import ServerArgs
@@ -60,6 +68,7 @@ class TpModelWorker:
             info.penalties = Penalties.build(params, [r.origin_input_ids for r in reqs], outputs, self.vocab_size,
                                              runner.device)
         info.banned = banned_tokens(params, outputs, self.eos_ids, runner.device)
+        info.logit_bias = logit_bias_entries(params, runner.device)
         logits = adjust_logits(out.next_token_logits, info)
         ids = self.sampler(logits, info)
         logprobs = None

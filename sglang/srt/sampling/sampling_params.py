@@ -30,6 +30,8 @@ class SamplingParams:
     # with return_logprob or top_logprobs_num: also each prompt token's log-probability from this
     # position on (the first prompt token has none); -1: output tokens only (upstream's default)
     logprob_start_len: int = -1
+    # token id -> added to its logit before sampling (OpenAI's logit_bias; JSON keys arrive as strings)
+    logit_bias: dict[int, float] | None = None
 
     def verify(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -63,6 +65,8 @@ class SamplingParams:
                 raise SamplingParamsError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
         if not isinstance(self.top_logprobs_num, int) or not 0 <= self.top_logprobs_num <= 20:
             raise SamplingParamsError(f"top_logprobs_num must be an integer in [0, 20], got {self.top_logprobs_num!r}")
+        if self.logit_bias is not None:
+            self.logit_bias = _checked_logit_bias(self.logit_bias)
         if not isinstance(self.logprob_start_len, int) or isinstance(self.logprob_start_len, bool) or self.logprob_start_len < -1:
             raise SamplingParamsError(f"logprob_start_len must be -1 or a non-negative integer, got {self.logprob_start_len!r}")
 
@@ -77,3 +81,26 @@ class SamplingParams:
     @property
     def has_penalty(self) -> bool:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def _checked_logit_bias(bias) -> dict[int, float]:
+    """{token id: bias} with int keys (OpenAI sends them as strings) and biases in [-100, 100]."""
+    if not isinstance(bias, dict):
+        raise SamplingParamsError(f"logit_bias must be an object of token id -> bias, got {type(bias).__name__}")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise SamplingParamsError(f"logit_bias takes at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(bias)}")
+    out = {}
+    for key, value in bias.items():
+        try:
+            tok = int(key)
+        except (TypeError, ValueError):
+            raise SamplingParamsError(f"logit_bias keys must be token ids, got {key!r}") from None
+        if tok < 0 or isinstance(key, bool) or (isinstance(key, str) and not key.strip().isdigit()):
+            raise SamplingParamsError(f"logit_bias keys must be non-negative token ids, got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100.0 <= float(value) <= 100.0:
+            raise SamplingParamsError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for token {tok}")
+        out[tok] = float(value)
+    return out

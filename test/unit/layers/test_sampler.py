@@ -4,6 +4,7 @@ draws that follow the filtered distribution."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -102,3 +103,33 @@ def test_min_new_tokens_bans_stop_tokens_only_below_the_minimum():
     logits = adjust_logits(torch.zeros(2, V), info)
     assert logits[0, 9] == float("-inf") and logits[0, 7] == float("-inf")
     assert torch.isfinite(logits[1]).all()  # already at its minimum
+
+
+def test_logit_bias_adds_per_row_and_can_force_or_forbid_a_token():
+    from sglang.srt.layers.sampler import adjust_logits, logit_bias_entries
+
+    params = [SamplingParams(temperature=0.0, logit_bias={3: 100.0}), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.0, logit_bias={0: -100.0, 5: 1.5})]
+    for p in params:
+        p.verify()
+    info = info_for(params, [None] * 3, [0] * 3)
+    info.logit_bias = logit_bias_entries(params, "cpu")
+    logits = torch.zeros(3, V)
+    logits[:, 0] = 5.0  # every row's favourite without a bias
+    adjusted = adjust_logits(logits, info)
+    assert adjusted[0, 3] == 100.0 and adjusted[1].equal(logits[1]) and adjusted[2, 0] == -95.0 and adjusted[2, 5] == 1.5
+    assert logits[0, 3] == 0.0  # the model's logits are not modified in place
+    assert Sampler(0)(adjusted, info).tolist() == [3, 0, 5]
+    assert logit_bias_entries([SamplingParams()], "cpu") is None
+
+
+@pytest.mark.parametrize("bias, word", [({"x": 1.0}, "token ids"), ({"-3": 1.0}, "non-negative"),
+                                        ({"1": 101.0}, "[-100, 100]"), ({"1": "a"}, "numbers"), ([1], "object")])
+def test_logit_bias_is_validated(bias, word):
+    from sglang.srt.sampling.sampling_params import SamplingParamsError
+
+    with pytest.raises(SamplingParamsError, match=re.escape(word)):
+        SamplingParams(logit_bias=bias).verify()
+    p = SamplingParams(logit_bias={"12": 2})
+    p.verify()
+    assert p.logit_bias == {12: 2.0}

@@ -64,6 +64,7 @@ class ChatCompletionRequest(_Tolerant):
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
@@ -138,8 +139,6 @@ class CompletionRequest(_Tolerant):
             return f"best_of={self.best_of} is not supported: only best_of equal to n"
         if self.suffix:
             return "suffix is not supported"
-        if self.logit_bias:
-            return "logit_bias is not supported"
         if isinstance(self.prompt, list) and not self.prompt:
             return "prompt is empty"
         return None

@@ -298,6 +298,7 @@ def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str 
         "frequency_penalty": req.frequency_penalty,
         "presence_penalty": req.presence_penalty,
         "repetition_penalty": req.repetition_penalty,
+        "logit_bias": req.logit_bias or None,
         "min_new_tokens": req.min_tokens,
         "n": req.n,
         **req.logprob_params(),

@@ -166,7 +166,7 @@ def test_finish_reason_and_usage():
 def test_sampling_from_request_refuses_a_zero_limit_by_name():
     class Req:
         temperature = top_p = top_k = min_p = seed = stop = stop_token_ids = None
-        frequency_penalty = presence_penalty = repetition_penalty = min_tokens = None
+        frequency_penalty = presence_penalty = repetition_penalty = min_tokens = logit_bias = None
         ignore_eos, skip_special_tokens, n = False, True, 1
 
         def logprob_params(self):
