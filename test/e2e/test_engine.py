@@ -3,12 +3,14 @@ control calls, and a shutdown that leaves no child process or ipc directory behi
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 
 import pytest
 
 import sglang
-from conftest import CASES, TEST_DEVICE, build_case, pid_alive
+from conftest import CASES, TEST_DEVICE, build_case, pid_alive, wait_until
 from sglang.srt.managers.errors import GenerateError
 
 MAX_NEW = 12
@@ -62,6 +64,43 @@ def test_stream_of_a_batch_and_of_n_samples_tags_each_chunk_with_its_request(eng
     for chunk in engine.generate("Hello there", sampling_params=sampled, stream=True):
         by_index[chunk["index"]] = chunk["output_ids"]
     assert [by_index[0], by_index[1]] == [o["output_ids"] for o in engine.generate("Hello there", sampling_params=sampled)]
+
+
+def test_async_generate_from_the_callers_event_loop(engine):
+    params = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+    prompts = ["Hello there", "General Kenobi"]
+
+    async def main():
+        beat = 0
+
+        async def heartbeat():  # the caller's loop keeps running while the engine works
+            nonlocal beat
+            while True:
+                beat += 1
+                await asyncio.sleep(0.001)
+
+        hb = asyncio.ensure_future(heartbeat())
+        one, both = await asyncio.gather(engine.async_generate(prompts[0], sampling_params=params),
+                                         engine.async_generate(prompts, sampling_params=params))
+        chunks = [c async for c in await engine.async_generate(prompts[1], sampling_params=params, stream=True)]
+        early = await engine.async_generate(prompts[0], sampling_params={"max_new_tokens": 1000, "ignore_eos": True},
+                                            stream=True)
+        await early.__anext__()
+        await early.aclose()  # aborts the request
+        hb.cancel()
+        return one, both, chunks, beat
+
+    one, both, chunks, beat = asyncio.run(main())
+    singles = [engine.generate(p, sampling_params=params)["output_ids"] for p in prompts]
+    assert one["output_ids"] == singles[0] and [b["output_ids"] for b in both] == singles
+    assert chunks[-1]["output_ids"] == singles[1] and chunks[-1]["meta_info"]["finish_reason"] is not None
+    assert beat > 1
+
+    def idle():
+        info = engine.get_server_info()
+        return info["num_running_reqs"] + info["num_waiting_reqs"] == 0
+
+    wait_until(idle, 30, what="the abandoned stream's request to end")
 
 
 def test_upstream_logprob_keywords(engine):

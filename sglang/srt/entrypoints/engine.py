@@ -20,7 +20,7 @@ import time
 import weakref
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -184,7 +184,9 @@ class Engine:
 
     `generate` takes one prompt (or message list) or a batch (a list of them) and returns
     `{"text", "output_ids", "meta_info"}` dicts; `stream=True` returns an iterator of cumulative
-    chunks (for a batch or n > 1, every request's chunks as they come, tagged "index"). Use as a context manager or call `shutdown()`; it also runs at exit.
+    chunks (for a batch or n > 1, every request's chunks as they come, tagged "index").
+    `async_generate` takes the same arguments from the caller's own event loop. Use as a context
+    manager or call `shutdown()`; it also runs at exit.
     Children are spawned, so a script creating an Engine needs the `if __name__ == "__main__":` guard."""
 
     def __init__(self, model_path: str | None = None, **kwargs: Any):
@@ -201,11 +203,15 @@ class Engine:
         atexit.register(self._finalizer)
         self._run(self.tokenizer_manager.start(self._procs))
 
-    def _run(self, coro):
+    def _submit(self, coro):
+        """`coro` scheduled on the engine's loop: a concurrent.futures.Future of its result."""
         if self._closed:
             coro.close()
             raise RuntimeError("the engine is shut down")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _run(self, coro):
+        return self._submit(coro).result()
 
     def generate(
         self,
@@ -222,6 +228,35 @@ class Engine:
         """`return_logprob`, `logprob_start_len`, `top_logprobs_num`: upstream's keyword arguments; they
         join every request's sampling parameters (meta_info then holds output_token_logprobs, and
         input_token_logprobs from logprob_start_len on)."""
+        objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
+                                       return_logprob, logprob_start_len, top_logprobs_num)
+        if stream:
+            return self._stream(objs)
+        return self._run(self._collect_batch(objs) if as_list else self._collect(objs[0]))
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        messages: list[dict] | list[list[dict]] | None = None,
+        image_data: Any = None,
+        sampling_params: dict | list[dict] | None = None,
+        stream: bool = False,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        """`generate` for callers on their own event loop (upstream's name): awaits the same outputs
+        without blocking that loop; with `stream=True` it returns an async iterator of the chunks."""
+        objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
+                                       return_logprob, logprob_start_len, top_logprobs_num)
+        if stream:
+            return self._astream(objs)
+        return await asyncio.wrap_future(self._submit(self._collect_batch(objs) if as_list else self._collect(objs[0])))
+
+    def _requests(self, prompt, messages, image_data, sampling_params, stream, input_ids, return_logprob,
+                  logprob_start_len, top_logprobs_num) -> tuple[list, bool]:
+        """(the requests to run: one per prompt and sample, whether the caller gets a list)."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         logprob_kw = {k: v for k, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num))
@@ -240,9 +275,7 @@ class Engine:
                                    image_data=_as_image_list(image_data), sampling_params=dict(sampling_params or {}),
                                    stream=stream)
             copies = obj.parallel_copies()
-            if stream:
-                return self._stream(copies)
-            return self._run(self._collect_batch(copies)) if len(copies) > 1 else self._run(self._collect(obj))
+            return copies, len(copies) > 1
         n = len(prompt if isinstance(prompt, list) else input_ids if input_ids else messages)
         per_images = list(image_data) if image_data is not None else [None] * n
         per_params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
@@ -254,8 +287,7 @@ class Engine:
                              sampling_params=dict(per_params[i] or {}), stream=stream)
             for i in range(n)
         ]
-        expanded = [c for o in objs for c in o.parallel_copies()]
-        return self._stream(expanded) if stream else self._run(self._collect_batch(expanded))
+        return [c for o in objs for c in o.parallel_copies()], True
 
     async def _collect(self, obj) -> dict:
         out = None
@@ -266,14 +298,18 @@ class Engine:
     async def _collect_batch(self, objs) -> list[dict]:
         return list(await asyncio.gather(*(self._collect(o) for o in objs)))
 
-    def _stream(self, objs) -> Iterator[dict]:
+    def _chunks(self, objs) -> AsyncIterator[dict]:
         """Cumulative chunks of one request; of several (a batch, n samples), every request's chunks as
-        they come, each tagged "index" as /generate tags them."""
+        they come, each tagged "index" as /generate tags them. Runs on the engine's loop."""
         from sglang.srt.entrypoints.openai.serving_base import indexed_chunks, merge_streams
 
         tm = self.tokenizer_manager
-        agen = (tm.generate_request(objs[0]) if len(objs) == 1
-                else indexed_chunks(merge_streams([tm.generate_request(o) for o in objs])))
+        if len(objs) == 1:
+            return tm.generate_request(objs[0])
+        return indexed_chunks(merge_streams([tm.generate_request(o) for o in objs]))
+
+    def _stream(self, objs) -> Iterator[dict]:
+        agen = self._chunks(objs)
         try:
             while True:
                 try:
@@ -283,6 +319,18 @@ class Engine:
         finally:
             if not self._closed:
                 self._run(agen.aclose())  # aborts the request when the caller stops early
+
+    async def _astream(self, objs) -> AsyncIterator[dict]:
+        agen = self._chunks(objs)
+        try:
+            while True:
+                try:
+                    yield await asyncio.wrap_future(self._submit(agen.__anext__()))
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                await asyncio.wrap_future(self._submit(agen.aclose()))  # aborts an unfinished request
 
     def flush_cache(self) -> bool:
         return self._run(self.tokenizer_manager.flush_cache()).success
