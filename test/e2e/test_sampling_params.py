@@ -182,3 +182,18 @@ def test_logit_bias_forces_and_forbids_tokens(server, client):
     forced_text = generate(server, text="x", sampling_params={**base, "max_new_tokens": 3, "logit_bias": {"42": 100}})["text"]
     assert chat.choices[0].message.content == comp.choices[0].text == forced_text
     assert chat.usage.completion_tokens == comp.usage.completion_tokens == 3
+
+
+def test_return_text_in_logprobs_names_every_token(server):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(server.model_dir)
+    out = generate(server, text="The sky is", return_logprob=True, return_text_in_logprobs=True, logprob_start_len=0,
+                   top_logprobs_num=2, sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+    meta = out["meta_info"]
+    for lp, tid, text in meta["output_token_logprobs"] + meta["input_token_logprobs"]:
+        assert text == tok.decode([tid])
+    assert all(text == tok.decode([tid]) for alts in meta["output_top_logprobs"] for _, tid, text in alts)
+    plain = generate(server, text="The sky is", return_logprob=True,
+                     sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+    assert all(e[2] is None for e in plain["meta_info"]["output_token_logprobs"])

@@ -255,7 +255,7 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
     rids = (rid if rid is not None else [None] * n) if batch else [rid]
     if not isinstance(rids, list) or len(rids) != n:
         raise GenerateError(f"a batch of {n} prompts needs rid as a list of {n} ids")
-    logprob_keys = {k: data[k] for k in ("return_logprob", "top_logprobs_num", "logprob_start_len") if data.get(k) is not None}
+    logprob_keys = {k: data[k] for k in ("return_logprob", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs") if data.get(k) is not None}
     objs = []
     for i, prompt in enumerate(prompts):
         img = per_images[i]

@@ -64,6 +64,7 @@ class _ReqState:
     sent_text_len: int = 0
     sent_ids_len: int = 0
     stage_timings: dict[str, float] = field(default_factory=dict)  # measured in this process
+    logprob_text: bool = False  # logprob entries carry the token's text (return_text_in_logprobs)
     last_output_time: float = 0.0
 
 
@@ -242,7 +243,8 @@ class TokenizerManager:
         if rid in self.rid_to_state:
             raise GenerateError(f"request id {rid!r} is already in use")
         sp = tokenized.sampling_params
-        state = _ReqState(rid, tokenized.stream, list(sp.stop), tokenized.created_time)
+        state = _ReqState(rid, tokenized.stream, list(sp.stop), tokenized.created_time,
+                          logprob_text=sp.return_text_in_logprobs)
         if self._forget_preparing(rid):  # aborted while its images were decoding: never sent
             release_unsent(self.builder.take_unsent_shm(rid))
             state.finished_reason = FinishReason("abort", message="aborted by an abort_request")
@@ -361,17 +363,7 @@ class TokenizerManager:
             state.output_ids.extend(msg.new_token_ids[i])
             if i < len(msg.meta_info) and msg.meta_info[i]:
                 meta = dict(msg.meta_info[i])
-                if "output_token_logprobs_delta" in meta:
-                    # upstream's layout: (logprob, token id, text or None) per position
-                    state.meta_info.setdefault("output_token_logprobs", []).extend(
-                        [lp, tok, None] for lp, tok in meta.pop("output_token_logprobs_delta"))
-                    state.meta_info.setdefault("output_top_logprobs", []).extend(
-                        [[lp, tok, None] for lp, tok in alts] for alts in meta.pop("output_top_logprobs_delta"))
-                if "input_token_logprobs" in meta:
-                    meta["input_token_logprobs"] = [[lp, tok, None] for lp, tok in meta["input_token_logprobs"]]
-                if "input_top_logprobs" in meta:
-                    meta["input_top_logprobs"] = [None if alts is None else [[lp, tok, None] for lp, tok in alts]
-                                                  for alts in meta["input_top_logprobs"]]
+                self._convert_logprobs(state, meta)
                 state.meta_info.update(meta)
             state.meta_info["prompt_tokens"] = msg.prompt_tokens[i]
             state.meta_info["completion_tokens"] = msg.completion_tokens[i]
@@ -383,6 +375,25 @@ class TokenizerManager:
                     meta = self._meta(state)
                     self.metrics.observe_finished(meta["e2e_latency"], meta, state.finished_reason.type)
             state.event.set()
+
+    def _convert_logprobs(self, state: _ReqState, meta: dict[str, Any]) -> None:
+        """The scheduler's (logprob, token id) pairs in upstream's layout, [logprob, token id, text or
+        None], in place in `meta`; output positions arrive as deltas and accumulate on `state`."""
+        def entry(lp, tok):
+            return [lp, tok, self.tokenizer.decode([tok]) if state.logprob_text else None]
+
+        def alternatives(alts):
+            return None if alts is None else [entry(lp, tok) for lp, tok in alts]
+
+        if "output_token_logprobs_delta" in meta:
+            state.meta_info.setdefault("output_token_logprobs", []).extend(
+                entry(lp, tok) for lp, tok in meta.pop("output_token_logprobs_delta"))
+            state.meta_info.setdefault("output_top_logprobs", []).extend(
+                alternatives(alts) for alts in meta.pop("output_top_logprobs_delta"))
+        if "input_token_logprobs" in meta:
+            meta["input_token_logprobs"] = [entry(lp, tok) for lp, tok in meta["input_token_logprobs"]]
+        if "input_top_logprobs" in meta:
+            meta["input_top_logprobs"] = [alternatives(alts) for alts in meta["input_top_logprobs"]]
 
     async def _sweep_unsent_shm(self, max_age_s: float = UNSENT_SHM_MAX_AGE_S) -> None:
         """Unlinks the segments of prepared requests that were never sent (their caller went away

@@ -30,6 +30,7 @@ class SamplingParams:
     # with return_logprob or top_logprobs_num: also each prompt token's log-probability from this
     # position on (the first prompt token has none); -1: output tokens only (upstream's default)
     logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False  # each logprob entry's third element: the token's text, not null
     # token id -> added to its logit before sampling (OpenAI's logit_bias; JSON keys arrive as strings)
     logit_bias: dict[int, float] | None = None
 
