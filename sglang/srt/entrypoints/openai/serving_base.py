@@ -337,15 +337,12 @@ def chat_logprobs(ctx: ResponseContext, meta: dict[str, Any], start: int = 0) ->
     return {"content": content}
 
 
-def prompt_logprobs(ctx: ResponseContext, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The legacy `logprobs` object over the prompt (echo): the first token has no logprob (null), as
-    in OpenAI's responses. None when the prompt was not scored."""
-    if "input_token_logprobs" not in meta:
-        return None
-    tops = meta.get("input_top_logprobs") or [None] * len(meta["input_token_logprobs"])
+def legacy_logprobs(ctx: ResponseContext, entries: list, tops: list, offset: int = 0) -> dict[str, Any]:
+    """OpenAI completions' legacy `logprobs` object over `[logprob, token id, _]` entries and their
+    alternatives (None where a position has none: the first prompt token); `offset` is the character
+    offset of the first token in the choice's text."""
     out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    offset = 0
-    for (lp, tok, _), alts in zip(meta["input_token_logprobs"], tops):
+    for (lp, tok, _), alts in zip(entries, tops):
         text = ctx.token_text(tok)
         out["tokens"].append(text)
         out["token_logprobs"].append(lp)
@@ -355,18 +352,19 @@ def prompt_logprobs(ctx: ResponseContext, meta: dict[str, Any]) -> dict[str, Any
     return out
 
 
+def prompt_logprobs(ctx: ResponseContext, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The legacy `logprobs` object over the prompt (echo): the first token has no logprob (null), as
+    in OpenAI's responses. None when the prompt was not scored."""
+    if "input_token_logprobs" not in meta:
+        return None
+    entries = meta["input_token_logprobs"]
+    return legacy_logprobs(ctx, entries, meta.get("input_top_logprobs") or [None] * len(entries))
+
+
 def completion_logprobs(ctx: ResponseContext, meta: dict[str, Any], start: int = 0, offset: int = 0) -> dict[str, Any] | None:
-    """OpenAI completions' legacy `logprobs` object for the output positions from `start` on;
-    `offset` is the character offset of the first token in the completion text."""
+    """The legacy `logprobs` object for the output positions from `start` on; `offset` is the character
+    offset of the first token in the choice's text."""
     if "output_token_logprobs" not in meta:
         return None
     tokens, tops = logprob_entries(meta, start)
-    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for (lp, tok, _), alts in zip(tokens, tops):
-        text = ctx.token_text(tok)
-        out["tokens"].append(text)
-        out["token_logprobs"].append(lp)
-        out["top_logprobs"].append({ctx.token_text(atok): alp for alp, atok, _ in alts})
-        out["text_offset"].append(offset)
-        offset += len(text)
-    return out
+    return legacy_logprobs(ctx, tokens, tops, offset)
