@@ -5,18 +5,17 @@ per rank, and the server still serves."""
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 import torch
 
-from conftest import REPO, data_url, noise_image, png_bytes, wait_until
+from conftest import REPO, wait_until
+from transport_traffic import KINDS, run_mixed_traffic
+from transport_traffic import two_image_body as _body
 
-PROMPT = "<|im_start|>user\n" + "<|vision_start|><|image_pad|><|vision_end|>" * 2 + "What is shown?<|im_end|>\n<|im_start|>assistant\n"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -29,11 +28,6 @@ def test_cpu_machine_refuses_cuda_ipc_with_one_line():
     errors = [line for line in r.stderr.splitlines() if ": error:" in line]  # argparse prints its usage first
     assert len(errors) == 1 and "needs a CUDA device, and torch sees none" in errors[0], r.stderr
     assert "Traceback" not in r.stderr
-
-
-def _body(seed: int, max_new: int = 4, **kw):
-    imgs = [data_url(png_bytes(noise_image(64 + 16 * (seed % 3), 64, seed * 2 + k))) for k in range(2)]
-    return {"text": PROMPT, "image_data": imgs, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}, **kw}
 
 
 @pytest.fixture(scope="module")
@@ -58,29 +52,8 @@ def test_same_greedy_tokens_as_shm_transport(servers):
 @needs_cuda
 def test_no_slice_lost_after_1000_mixed_requests(servers):
     ipc, _ = servers
-    rng = random.Random(0)
-
-    def one(i: int) -> str:
-        kind = rng.choice(["ok", "ok", "stream_abort", "rejected", "bad_image"])
-        if kind == "ok":
-            assert requests.post(ipc.url + "/generate", json=_body(i), timeout=120).status_code == 200
-        elif kind == "stream_abort":
-            with requests.post(ipc.url + "/generate", json=_body(i, 64, stream=True), stream=True, timeout=120) as r:
-                assert r.status_code == 200
-                next(r.iter_lines())
-        elif kind == "rejected":
-            body = _body(i)
-            body["text"] = PROMPT + "word " * 5000
-            assert requests.post(ipc.url + "/generate", json=body, timeout=120).status_code == 400
-        else:
-            body = _body(i)
-            body["image_data"][1] = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAA"
-            assert requests.post(ipc.url + "/generate", json=body, timeout=120).status_code == 400
-        return kind
-
-    with ThreadPoolExecutor(16) as pool:
-        kinds = list(pool.map(one, range(1000)))
-    assert {"ok", "stream_abort", "rejected", "bad_image"} <= set(kinds)
+    kinds = run_mixed_traffic(ipc.url, 1000, 16)
+    assert set(KINDS) <= set(kinds)
 
     def drained() -> bool:
         info = requests.get(ipc.url + "/get_server_info", timeout=10).json()

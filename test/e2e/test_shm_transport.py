@@ -5,24 +5,17 @@ and the server still serves."""
 from __future__ import annotations
 
 import os
-import random
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
 from conftest import ServerProcess, data_url, noise_image, png_bytes, private_shm_prefix, wait_until
-
-PROMPT = "<|im_start|>user\n" + "<|vision_start|><|image_pad|><|vision_end|>" * 2 + "What is shown?<|im_end|>\n<|im_start|>assistant\n"
+from transport_traffic import KINDS, run_mixed_traffic
+from transport_traffic import two_image_body as _body
 
 
 def _segments(port: int) -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith(f"sglang_mm_{port}_")}
-
-
-def _body(seed: int, max_new: int = 4, **kw):
-    imgs = [data_url(png_bytes(noise_image(64 + 16 * (seed % 3), 64, seed * 2 + k))) for k in range(2)]
-    return {"text": PROMPT, "image_data": imgs, "sampling_params": {"max_new_tokens": max_new, "temperature": 0}, **kw}
 
 
 @pytest.fixture(scope="module")
@@ -44,30 +37,8 @@ def test_outputs_equal_cpu_transport(servers):
 
 def test_no_segment_left_after_mixed_traffic(servers):
     shm, _ = servers
-    rng = random.Random(0)
-
-    def one(i: int) -> str:
-        kind = rng.choice(["ok", "ok", "stream_abort", "rejected", "bad_image"])
-        if kind == "ok":
-            r = requests.post(shm.url + "/generate", json=_body(i), timeout=120)
-            assert r.status_code == 200, r.text
-        elif kind == "stream_abort":
-            with requests.post(shm.url + "/generate", json=_body(i, 64, stream=True), stream=True, timeout=120) as r:
-                assert r.status_code == 200
-                next(r.iter_lines())  # first chunk, then hang up: the server aborts the request
-        elif kind == "rejected":  # too long for the context: refused after the images were prepared
-            body = _body(i)
-            body["text"] = PROMPT + "word " * 5000
-            assert requests.post(shm.url + "/generate", json=body, timeout=120).status_code == 400
-        else:
-            body = _body(i)
-            body["image_data"][1] = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAA"  # truncated PNG
-            assert requests.post(shm.url + "/generate", json=body, timeout=120).status_code == 400
-        return kind
-
-    with ThreadPoolExecutor(8) as pool:
-        kinds = list(pool.map(one, range(200)))
-    assert {"ok", "stream_abort", "rejected", "bad_image"} <= set(kinds)
+    kinds = run_mixed_traffic(shm.url, 200, 8)
+    assert set(KINDS) <= set(kinds)
     # aborted requests may still be in flight for a moment: poll until the server is idle
     wait_until(lambda: requests.get(shm.url + "/get_server_info", timeout=10).json()["num_running_reqs"] == 0,
                60, what="server to go idle")
