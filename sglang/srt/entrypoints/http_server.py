@@ -31,8 +31,8 @@ from sglang.srt.entrypoints.openai.serving_base import (
     drain,
     error_response,
     gather_finals,
-    json_response,
     indexed_chunks,
+    json_response,
     merge_streams,
     parse_json_body,
     sse_stream,
@@ -229,6 +229,10 @@ def create_app(
     return app
 
 
+# logprob options upstream takes at the top level of a /generate body (they join each request's sampling_params)
+_TOP_LEVEL_LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs")
+
+
 def native_requests(data: dict[str, Any], created: float) -> tuple[list[GenerateReqInput], bool]:
     """The native /generate body -> one GenerateReqInput per prompt, and whether it was a batch."""
     text, input_ids = data.get("text"), data.get("input_ids")
@@ -255,11 +259,11 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
     rids = (rid if rid is not None else [None] * n) if batch else [rid]
     if not isinstance(rids, list) or len(rids) != n:
         raise GenerateError(f"a batch of {n} prompts needs rid as a list of {n} ids")
-    logprob_keys = {k: data[k] for k in ("return_logprob", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs") if data.get(k) is not None}
+    logprob_keys = {k: data[k] for k in _TOP_LEVEL_LOGPROB_KEYS if data.get(k) is not None}
     objs = []
     for i, prompt in enumerate(prompts):
         img = per_images[i]
-        if logprob_keys:  # upstream takes these at the top level; the engine keeps them per request
+        if logprob_keys:
             if per_params[i] is not None and not isinstance(per_params[i], dict):
                 raise GenerateError(f"sampling_params must be an object, got {type(per_params[i]).__name__}")
             per_params[i] = {**(per_params[i] or {}), **logprob_keys}
@@ -277,7 +281,6 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
     except ValueError as e:
         raise GenerateError(str(e)) from None
     return expanded, batch or len(expanded) > len(objs)
-
 
 
 # ----------------------------------------------------------------------------- process entry

@@ -379,6 +379,9 @@ class TokenizerManager:
     def _convert_logprobs(self, state: _ReqState, meta: dict[str, Any]) -> None:
         """The scheduler's (logprob, token id) pairs in upstream's layout, [logprob, token id, text or
         None], in place in `meta`; output positions arrive as deltas and accumulate on `state`."""
+        if "output_token_logprobs_delta" not in meta and "input_token_logprobs" not in meta:
+            return  # every output message passes here; most ask for no logprobs
+
         def entry(lp, tok):
             return [lp, tok, self.tokenizer.decode([tok]) if state.logprob_text else None]
 
