@@ -4,6 +4,8 @@ tensor values, so calling them costs no host-device sync."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -77,3 +79,23 @@ def require_kernel(name: str, q: torch.Tensor) -> None:
             f"{name} runs the Triton kernel: it needs CUDA tensors, or TRITON_INTERPRET=1 for CPU "
             f"tensors; use the pure-torch reference ({name.replace('_fwd', '_torch')}) here"
         )
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision: exact ("ieee") for float32 inputs, tensor cores otherwise."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@dataclass
+class LaunchPlan:
+    """One kernel launch, described before it happens: the launcher runs it, the machine-code report
+    (`sgl_kernel.codegen_report`) compiles exactly the same specialization for a GPU it lacks."""
+
+    kernel: Any  # a triton.JITFunction
+    grid: tuple
+    args: dict  # the kernel's runtime arguments by name, in any order
+    constexprs: dict
+    options: dict = field(default_factory=dict)  # num_warps, num_stages
+
+    def launch(self) -> None:
+        self.kernel[self.grid](**self.args, **self.constexprs, **self.options)

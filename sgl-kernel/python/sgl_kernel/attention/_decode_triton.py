@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.attention._common import LaunchPlan, dot_precision
+
 _LOG2E = 1.4426950408889634
 
 
@@ -119,6 +121,53 @@ def _decode_merge_kernel(
              mask=offs_d < head_dim)
 
 
+def plan_decode(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, out: torch.Tensor,
+    kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_kv_splits: int, sm_scale: float,
+    mid_o: torch.Tensor, mid_lse: torch.Tensor, on_cuda: bool,
+) -> tuple[LaunchPlan, LaunchPlan]:
+    """The two stages' launches (shapes, strides and dtypes only: meta tensors do). mid_o
+    (B, Hq, S, BLOCK_D) and mid_lse (B, Hq, S) float32 come from `decode_workspace`."""
+    batch, hq, head_dim = q.shape
+    hk = k_buffer.shape[1]
+    group = hq // hk
+    block_d = mid_o.shape[-1]
+    split = LaunchPlan(
+        _decode_split_kernel, (batch, hk, num_kv_splits),
+        dict(
+            q_ptr=q, k_ptr=k_buffer, v_ptr=v_buffer, mid_o_ptr=mid_o, mid_lse_ptr=mid_lse,
+            kv_indptr_ptr=kv_indptr, kv_indices_ptr=kv_indices, qk_scale=sm_scale * _LOG2E, head_dim=head_dim,
+            stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kt=k_buffer.stride(0), stride_kh=k_buffer.stride(1),
+            stride_vt=v_buffer.stride(0), stride_vh=v_buffer.stride(1),
+            stride_mb=mid_o.stride(0), stride_mh=mid_o.stride(1), stride_ms=mid_o.stride(2),
+            stride_lb=mid_lse.stride(0), stride_lh=mid_lse.stride(1),
+        ),
+        dict(GROUP=group, NUM_SPLITS=num_kv_splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
+             BLOCK_N=64 if on_cuda else 16, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype)),
+        dict(num_warps=4, num_stages=2) if on_cuda else {},
+    )
+    merge = LaunchPlan(
+        _decode_merge_kernel, (batch, hq),
+        dict(
+            mid_o_ptr=mid_o, mid_lse_ptr=mid_lse, out_ptr=out, head_dim=head_dim,
+            stride_mb=mid_o.stride(0), stride_mh=mid_o.stride(1), stride_ms=mid_o.stride(2),
+            stride_lb=mid_lse.stride(0), stride_lh=mid_lse.stride(1),
+            stride_ob=out.stride(0), stride_oh=out.stride(1),
+        ),
+        dict(NUM_SPLITS=num_kv_splits, BLOCK_D=block_d),
+        dict(num_warps=1) if on_cuda else {},
+    )
+    return split, merge
+
+
+def decode_workspace(batch: int, hq: int, head_dim: int, num_kv_splits: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 partial outputs, padded to BLOCK_D so neither stage needs a D mask on them, and lses."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    mid_o = torch.empty((batch, hq, num_kv_splits, block_d), dtype=torch.float32, device=device)
+    mid_lse = torch.empty((batch, hq, num_kv_splits), dtype=torch.float32, device=device)
+    return mid_o, mid_lse
+
+
 def decode_attention_triton(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, out: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_kv_splits: int, sm_scale: float,
@@ -126,32 +175,10 @@ def decode_attention_triton(
     """Launches both stages; arguments already checked by `decode_attention_fwd`. q/out (B, Hq, D),
     k/v buffers (num_slots, Hk, D), unit stride along D."""
     batch, hq, head_dim = q.shape
-    hk = k_buffer.shape[1]
     if batch == 0 or hq == 0:
         return out
-    group = hq // hk
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    block_h = max(16, triton.next_power_of_2(group))
-    block_n = 64 if q.is_cuda else 16
-    # Workspaces padded to BLOCK_D so stage 1 and 2 need no D mask on them.
-    mid_o = torch.empty((batch, hq, num_kv_splits, block_d), dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty((batch, hq, num_kv_splits), dtype=torch.float32, device=q.device)
-    opts = dict(num_warps=4, num_stages=2) if q.is_cuda else {}
-    _decode_split_kernel[(batch, hk, num_kv_splits)](
-        q, k_buffer, v_buffer, mid_o, mid_lse, kv_indptr, kv_indices,
-        sm_scale * _LOG2E, head_dim,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        GROUP=group, NUM_SPLITS=num_kv_splits, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **opts,
-    )
-    _decode_merge_kernel[(batch, hq)](
-        mid_o, mid_lse, out, head_dim,
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        NUM_SPLITS=num_kv_splits, BLOCK_D=block_d,
-        **(dict(num_warps=1) if q.is_cuda else {}),
-    )
+    mid_o, mid_lse = decode_workspace(batch, hq, head_dim, num_kv_splits, q.device)
+    for plan in plan_decode(q, k_buffer, v_buffer, out, kv_indptr, kv_indices, num_kv_splits, sm_scale,
+                            mid_o, mid_lse, q.is_cuda):
+        plan.launch()
     return out

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.attention._common import LaunchPlan, dot_precision
+
 _LOG2E = 1.4426950408889634
 
 
@@ -121,6 +123,32 @@ def _blocks(head_dim: int, is_cuda: bool) -> tuple[int, int, int, dict]:
     return 64, 32, block_d, dict(num_warps=8, num_stages=1)
 
 
+def plan_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    q_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor | None,
+    max_q_len: int, sm_scale: float, causal: bool, on_cuda: bool,
+) -> LaunchPlan:
+    """Grid, arguments, constexprs and options of one launch. Shapes, strides and dtypes only (meta
+    tensors do): the machine-code report compiles exactly what a launch would."""
+    batch = q_indptr.shape[0] - 1
+    hq, hk, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    block_m, block_n, block_d, opts = _blocks(head_dim, on_cuda)
+    args = dict(
+        q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out,
+        q_indptr_ptr=q_indptr, kv_indptr_ptr=kv_indptr,
+        kv_indices_ptr=kv_indices if kv_indices is not None else kv_indptr,
+        qk_scale=sm_scale * _LOG2E, head_dim=head_dim,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kt=k.stride(0), stride_kh=k.stride(1),
+        stride_vt=v.stride(0), stride_vh=v.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+    )
+    constexprs = dict(
+        GROUP=hq // hk, PAGED=kv_indices is not None, CAUSAL=causal,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
+    )
+    grid = (triton.cdiv(max(max_q_len, 1), block_m), max(batch, 0), hq)
+    return LaunchPlan(_prefill_fwd_kernel, grid, args, constexprs, opts)
+
+
 def prefill_attention_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     q_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor | None,
@@ -128,21 +156,7 @@ def prefill_attention_triton(
 ) -> torch.Tensor:
     """Launches the kernel; arguments already checked by the public wrappers. q/out (T, Hq, D),
     k/v (rows, Hk, D), all with unit stride along D. kv_indices None means packed (varlen)."""
-    batch = q_indptr.shape[0] - 1
-    hq, hk, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    if batch <= 0 or max_q_len <= 0 or q.shape[0] == 0:
+    if q_indptr.shape[0] <= 1 or max_q_len <= 0 or q.shape[0] == 0:
         return out
-    block_m, block_n, block_d, opts = _blocks(head_dim, q.is_cuda)
-    grid = (triton.cdiv(max_q_len, block_m), batch, hq)
-    _prefill_fwd_kernel[grid](
-        q, k, v, out,
-        q_indptr, kv_indptr, kv_indices if kv_indices is not None else kv_indptr,
-        sm_scale * _LOG2E, head_dim,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        GROUP=hq // hk, PAGED=kv_indices is not None, CAUSAL=causal,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        **opts,
-    )
+    plan_prefill(q, k, v, out, q_indptr, kv_indptr, kv_indices, max_q_len, sm_scale, causal, q.is_cuda).launch()
     return out

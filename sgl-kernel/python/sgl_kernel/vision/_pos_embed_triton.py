@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.attention._common import LaunchPlan
+
 
 @triton.jit
 def _gather_blend_kernel(
@@ -42,20 +44,28 @@ def _gather_blend_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def plan_gather_blend(table: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> LaunchPlan:
+    """The launch for (N, K) taps into a (V, D) table (shapes, strides and dtypes only)."""
+    n, taps = idx.shape
+    dim = table.shape[1]
+    # Column blocks that tile D exactly where possible (1152 = 9 x 128, 1024 = 4 x 256), so no lanes idle.
+    block_d = next((b for b in (256, 128, 64) if dim % b == 0), min(triton.next_power_of_2(dim), 256))
+    block_n = 16
+    return LaunchPlan(
+        _gather_blend_kernel, (triton.cdiv(n, block_n), triton.cdiv(dim, block_d)),
+        dict(table_ptr=table, idx_ptr=idx, w_ptr=weights, out_ptr=out, n_rows=n, dim=dim,
+             stride_table=table.stride(0), stride_out=out.stride(0)),
+        dict(TAPS=taps, BLOCK_N=block_n, BLOCK_D=block_d),
+    )
+
+
 def gather_blend_rows_triton(
     table: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    n, taps = idx.shape
+    n = idx.shape[0]
     dim = table.shape[1]
     out = torch.empty((n, dim), dtype=out_dtype, device=table.device)
     if n == 0 or dim == 0:
         return out
-    # Column blocks that tile D exactly where possible (1152 = 9 x 128, 1024 = 4 x 256), so no lanes idle.
-    block_d = next((b for b in (256, 128, 64) if dim % b == 0), min(triton.next_power_of_2(dim), 256))
-    block_n = 16
-    grid = (triton.cdiv(n, block_n), triton.cdiv(dim, block_d))
-    _gather_blend_kernel[grid](
-        table, idx, weights, out, n, dim, table.stride(0), out.stride(0),
-        TAPS=taps, BLOCK_N=block_n, BLOCK_D=block_d,
-    )
+    plan_gather_blend(table, idx, weights, out).launch()
     return out

@@ -1,0 +1,190 @@
+"""Machine-code report of every sgl-kernel Triton kernel at the real shapes of every model preset.
+
+    python sgl-kernel/benchmark/kernel_report.py --target sm_90a [--json FILE] [--kernels varlen,decode]
+
+Needs triton, not a GPU: each launch plan is built from meta tensors exactly as the launcher builds it
+on CUDA (same blocks, warps, stages, dot precision, stride specialization), compiled for the target,
+and read back (see sgl_kernel.codegen_report). One row per kernel and shape: registers, spill bytes,
+shared memory, tensor-core instruction, narrowest / widest global load in bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+# Text and vision shapes of the real checkpoints (docs: MISSION section 6), at TP 1.
+TEXT = {  # preset: (q heads, kv heads, head_dim)
+    "qwen3-vl-2b": (16, 8, 128),
+    "qwen3-vl-4b": (32, 8, 128),
+    "qwen3-vl-8b": (32, 8, 128),
+    "qwen2.5-vl-3b": (16, 2, 128),
+    "qwen2.5-vl-7b": (28, 4, 128),
+}
+VISION = {  # preset: (heads, head_dim, longest segment of a 960x1280 image, windowed layers' longest)
+    "qwen3-vl-2b": (16, 64, 4800, None),
+    "qwen3-vl-4b": (16, 64, 4800, None),
+    "qwen3-vl-8b": (16, 72, 4800, None),
+    "qwen2.5-vl-3b": (16, 80, 6256, 64),
+    "qwen2.5-vl-7b": (16, 80, 6256, 64),
+}
+POS_EMBED_DIMS = {"qwen3-vl-2b": 1024, "qwen3-vl-4b": 1024, "qwen3-vl-8b": 1152}
+
+_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                 torch.int32: "i32", torch.int64: "i64"}
+
+
+def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@dataclass
+class Case:
+    name: str
+    head_dim: int | None
+    dtype: torch.dtype
+    plans: list  # LaunchPlans (decode has two)
+
+
+def text_cases(presets, dtype) -> list[Case]:
+    from sgl_kernel.attention._decode_triton import decode_workspace, plan_decode
+    from sgl_kernel.attention._prefill_triton import plan_prefill
+
+    out = []
+    for p in presets:
+        if p not in TEXT:
+            continue
+        hq, hk, d = TEXT[p]
+        tokens, slots, batch = 8192, 65536, 64
+        q, kv = meta(tokens, hq, d, dtype=dtype), meta(slots, hk, d, dtype=dtype)
+        ind = meta(batch + 1, dtype=torch.int64)
+        idx = meta(tokens, dtype=torch.int64)
+        out.append(Case(f"extend {p} 8192 tok", d, dtype, [
+            plan_prefill(q, kv, kv, q, ind, ind, idx, tokens, d ** -0.5, causal=True, on_cuda=True)]))
+        qd = meta(batch, hq, d, dtype=dtype)
+        mid_o, mid_lse = decode_workspace(batch, hq, d, 8, "meta")
+        out.append(Case(f"decode {p} bs{batch}", d, dtype, list(
+            plan_decode(qd, kv, kv, qd, ind, idx, 8, d ** -0.5, mid_o, mid_lse, on_cuda=True))))
+    return out
+
+
+def vision_cases(presets, dtype) -> list[Case]:
+    from sgl_kernel.attention._prefill_triton import plan_prefill
+
+    out, seen = [], set()
+    for p in presets:
+        if p not in VISION:
+            continue
+        h, d, longest, window = VISION[p]
+        for label, seg in (("full", longest), ("window", window)):
+            if seg is None or (d, seg, dtype) in seen:
+                continue
+            seen.add((d, seg, dtype))
+            rows = 16384
+            q = meta(rows, h, d, dtype=dtype)
+            cu = meta(rows // seg + 2, dtype=torch.int32)
+            plan = plan_prefill(q, q, q, q, cu, cu, None, seg, d ** -0.5, causal=False, on_cuda=True)
+            out.append(Case(f"varlen {p} {label} seg {seg}", d, dtype, [plan]))
+    return out
+
+
+def pos_embed_cases(presets, dtype) -> list[Case]:
+    from sgl_kernel.vision._pos_embed_triton import plan_gather_blend
+
+    out = []
+    for dim in sorted({POS_EMBED_DIMS[p] for p in presets if p in POS_EMBED_DIMS}):
+        n = 20 * 4800
+        plan = plan_gather_blend(meta(2304, dim, dtype=dtype), meta(n, 4, dtype=torch.int64),
+                                 meta(n, 4, dtype=torch.float32), meta(n, dim, dtype=dtype))
+        out.append(Case(f"pos-embed gather dim {dim}", None, dtype, [plan]))
+    return out
+
+
+CASE_BUILDERS = {"extend": text_cases, "decode": text_cases, "varlen": vision_cases, "pos_embed": pos_embed_cases}
+
+
+def build_cases(kernels: list[str], presets: list[str], dtypes: list[torch.dtype]) -> list[Case]:
+    """Cases of the named kernels; a case's kind is the first word of its name (pos-embed: pos_embed)."""
+    cases = []
+    for dtype in dtypes:
+        for builder in dict.fromkeys(CASE_BUILDERS[k] for k in kernels):
+            cases += [c for c in builder(presets, dtype) if c.name.split()[0].replace("-", "_") in kernels]
+    return cases
+
+
+def plan_args(plan) -> dict:
+    from sgl_kernel.codegen_report import Ptr
+
+    return {k: Ptr(_TRITON_DTYPE[v.dtype]) if isinstance(v, torch.Tensor) else v for k, v in plan.args.items()}
+
+
+def report(cases: list[Case], target: str, progress: bool = True) -> list:
+    from sgl_kernel.codegen_report import report_kernel
+
+    rows = []
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is a convenience
+        tqdm = None
+    it = [(c, plan) for c in cases for plan in c.plans]
+    bar = tqdm(it, desc="compiling", disable=not progress, file=sys.stderr) if tqdm else it
+    for case, plan in bar:
+        rows.append(report_kernel(
+            plan.kernel, case.name, plan_args(plan), plan.constexprs, plan.options,
+            head_dim=case.head_dim, dtype=_TRITON_DTYPE[case.dtype], target=target,
+            note=" ".join(f"{k}={v}" for k, v in plan.constexprs.items() if k.startswith("BLOCK")),
+        ))
+    return rows
+
+
+def print_table(rows) -> None:
+    head = f"{'kernel':<22} {'case':<36} {'dtype':<5} {'regs':>4} {'spill':>6} {'smem':>7} {'mma':<8} {'ld min/max':>10}  blocks"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        regs = "?" if r.registers is None else r.registers
+        spill = "?" if r.spill_bytes is None else r.spill_bytes
+        loads = f"{r.min_load_bits}/{r.max_load_bits}"
+        print(f"{r.kernel:<22} {r.case:<36} {r.dtype:<5} {regs:>4} {spill:>6} {r.shared_bytes:>7} {r.mma:<8} "
+              f"{loads:>10}  {r.note} w{r.num_warps} s{r.num_stages}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="sm_90a", help="GPU architecture to compile for (default sm_90a: H100/H200)")
+    ap.add_argument("--json", default=None, help="write the rows as a JSON list to this file")
+    ap.add_argument("--kernels", default=",".join(CASE_BUILDERS), help=f"comma list of {sorted(CASE_BUILDERS)}")
+    ap.add_argument("--presets", default=",".join(TEXT), help="comma list of model presets")
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="comma list: bfloat16, float16, float32")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if importlib.util.find_spec("triton") is None:
+        print("kernel_report: triton is not installed (pip install 'triton>=3.0'; no GPU needed)", file=sys.stderr)
+        return 2
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    unknown = [k for k in kernels if k not in CASE_BUILDERS]
+    if unknown:
+        ap.error(f"unknown kernels {unknown}; choose from {sorted(CASE_BUILDERS)}")
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    dtypes = [getattr(torch, d.strip()) for d in args.dtypes.split(",") if d.strip()]
+    t0 = time.perf_counter()
+    rows = report(build_cases(kernels, presets, dtypes), args.target, progress=not args.no_progress)
+    print_table(rows)
+    from importlib.metadata import version
+
+    print(f"{len(rows)} kernels compiled for {args.target} with triton {version('triton')} "
+          f"in {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.as_dict() for r in rows], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

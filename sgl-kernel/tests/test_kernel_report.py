@@ -1,0 +1,105 @@
+"""The H100 machine-code report (benchmark/kernel_report.py): its parsing, its specialization, and the
+kernels it reads. Compiling for sm_90a needs triton (no GPU); reading registers and spills needs a
+ptxas in the triton wheel that accepts the PTX it emitted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+from sgl_kernel.codegen_report import I64, Ptr, _signature, ptx_loads, ptx_mma
+
+_REPORT = os.path.join(os.path.dirname(__file__), "..", "benchmark", "kernel_report.py")
+
+
+def _load_report():
+    spec = importlib.util.spec_from_file_location("kernel_report", _REPORT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ptx_loads_count_plain_vector_and_async_loads():
+    ptx = "\n".join([
+        "ld.global.b16 { %rs1 }, [ %rd1 + 0 ];",
+        "ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd2 + 0 ];",
+        "ld.global.nc.L1::evict_last.v2.b32 { %r5, %r6 }, [ %rd3 + 0 ];",
+        "cp.async.cg.shared.global [ %r54 + 0 ], [ %rd28 + 0 ], 0x10, %r59;",
+        "cp.async.ca.shared.global [ %r55 + 0 ], [ %rd29 + 0 ], 4, %r61;",
+        "cp.async.commit_group;",
+    ])
+    assert ptx_loads(ptx) == {"ld.global 16": 1, "ld.global 128": 1, "ld.global 64": 1,
+                              "cp.async 128": 1, "cp.async 32": 1}
+
+
+def test_ptx_mma_names_the_tensor_core_path():
+    assert ptx_mma("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == "wgmma"
+    assert ptx_mma("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == "mma.sync"
+    assert ptx_mma("fma.rn.f32 %f1, %f2, %f3, %f4;") == "none"
+
+
+def test_signature_specializes_like_a_launch():
+    class Fn:
+        __name__ = "k"
+        arg_names = ["x_ptr", "n", "stride_a", "stride_b", "one", "scale", "big", "BLOCK"]
+
+    sig, consts, attrs = _signature(
+        Fn, dict(x_ptr=Ptr("bf16"), n=100, stride_a=1152, stride_b=72, one=1, scale=0.5, big=I64(1 << 40)),
+        dict(BLOCK=64))
+    assert sig == {"x_ptr": "*bf16", "n": "i32", "stride_a": "i32", "stride_b": "i32", "one": "constexpr",
+                   "scale": "fp32", "big": "i64", "BLOCK": "constexpr"}
+    assert consts == {(4,): 1, (7,): 64}
+    # pointers 16-byte aligned; 1152 and 2**40 divisible by 16; 100 and 72 are not
+    assert attrs == {(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]],
+                     (6,): [["tt.divisibility", 16]]}
+
+
+@pytest.fixture(scope="module")
+def report_rows():
+    pytest.importorskip("triton", reason="the report compiles with triton")
+    from sgl_kernel.codegen_report import ptxas_candidates
+
+    if not ptxas_candidates():
+        pytest.skip("this triton wheel ships no ptxas: registers and spills cannot be read")
+    mod = _load_report()
+    import torch
+
+    cases = mod.build_cases(["extend", "decode", "varlen"], ["qwen3-vl-4b", "qwen2.5-vl-3b"], [torch.bfloat16])
+    rows = mod.report(cases, "sm_90a", progress=False)
+    if any(r.registers is None for r in rows):
+        pytest.skip("no bundled ptxas accepts the PTX this triton emits")
+    return rows
+
+
+def test_report_covers_every_kernel_and_shape(report_rows):
+    kinds = {r.case.split()[0] for r in report_rows}
+    assert kinds == {"extend", "decode", "varlen"}
+    assert {r.head_dim for r in report_rows if r.case.startswith("varlen")} == {64, 80}
+    assert all(r.shared_bytes >= 0 and r.registers > 0 for r in report_rows)
+
+
+def test_attention_kernels_on_sm90_do_not_spill_use_tensor_cores_and_wide_loads(report_rows):
+    for r in report_rows:
+        where = f"{r.kernel} {r.case}"
+        assert r.spill_bytes == 0, f"{where}: {r.spill_bytes} bytes spilled ({r.registers} registers)"
+        assert r.min_load_bits >= 32, f"{where}: sub-word global loads {r.loads}"
+        if r.kernel != "_decode_merge_kernel":  # the merge is a weighted sum, no matrix work
+            assert r.mma in ("wgmma", "mma.sync"), f"{where}: no tensor-core instruction"
+            assert r.max_load_bits == 128, f"{where}: no 128-bit load of q/k/v: {r.loads}"
+
+
+def test_cli_writes_json_rows(tmp_path):
+    pytest.importorskip("triton", reason="the report compiles with triton")
+    mod = _load_report()
+    out = tmp_path / "rows.json"
+    assert mod.main(["--kernels", "pos_embed", "--presets", "qwen3-vl-8b", "--dtypes", "bfloat16",
+                     "--json", str(out), "--no-progress"]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["kernel"] for r in rows] == ["_gather_blend_kernel"]
+    assert {"kernel", "head_dim", "registers", "spill_bytes", "shared_bytes", "mma", "min_load_bits"} <= set(rows[0])
+    assert rows[0]["mma"] == "none"
