@@ -108,6 +108,20 @@ def test_extend_writes_into_strided_out_and_reads_strided_pool():
 
 
 @kernels
+@pytest.mark.parametrize("pad", [0, 1, 4])
+def test_varlen_rows_whose_strides_are_or_are_not_16_byte_multiples(pad):
+    # pad 0 / 4: every stride a multiple of 16 bytes, launched in 16-byte units; pad 1: head stride d + 1,
+    # the fallback launch with strides in elements
+    q, k, v, cu, ms, sc = varlen_case([9, 20, 3], 2, 2, 24, seed=pad, device=DEVICE)
+    wide = [torch.zeros(*t.shape[:2], t.shape[2] + pad, device=DEVICE) for t in (q, k, v)]
+    for w, t in zip(wide, (q, k, v)):
+        w[..., : t.shape[2]] = t
+    qs, ks, vs = (w[..., : q.shape[2]] for w in wide)
+    torch.testing.assert_close(varlen_attention_fwd(qs, ks, vs, cu, ms, sc), varlen_attention_torch(q, k, v, cu, ms, sc),
+                               **TOL)
+
+
+@kernels
 def test_extend_and_varlen_with_nothing_to_do():
     q, kb, vb, qo, kv, idx, mq, scale = extend_case([4, 0], [0, 0], 1, 2, 8, 1, device=DEVICE)
     assert extend_attention_fwd(q, kb, vb, qo, kv, idx, mq, scale).shape == (0, 2, 8)

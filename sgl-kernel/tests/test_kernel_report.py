@@ -59,6 +59,15 @@ def test_signature_specializes_like_a_launch():
                      (6,): [["tt.divisibility", 16]]}
 
 
+def test_stride_unit_is_16_bytes_only_when_every_stride_allows_it():
+    from sgl_kernel.attention._common import stride_unit
+
+    assert stride_unit((1152, 72, 3456, 72), 2) == 8  # Qwen3-VL-8B's tower: 72-element heads, bf16
+    assert stride_unit((1152, 72), 4) == 4
+    assert stride_unit((1152, 73), 2) == 1
+    assert stride_unit((0, 8), 2) == 8
+
+
 @pytest.fixture(scope="module")
 def report_rows():
     pytest.importorskip("triton", reason="the report compiles with triton")
@@ -69,7 +78,7 @@ def report_rows():
     mod = _load_report()
     import torch
 
-    cases = mod.build_cases(["extend", "decode", "varlen"], ["qwen3-vl-4b", "qwen2.5-vl-3b"], [torch.bfloat16])
+    cases = mod.build_cases(["extend", "decode", "varlen"], ["qwen3-vl-4b", "qwen3-vl-8b", "qwen2.5-vl-3b"], [torch.bfloat16])
     rows = mod.report(cases, "sm_90a", progress=False)
     if any(r.registers is None for r in rows):
         pytest.skip("no bundled ptxas accepts the PTX this triton emits")
@@ -79,7 +88,7 @@ def report_rows():
 def test_report_covers_every_kernel_and_shape(report_rows):
     kinds = {r.case.split()[0] for r in report_rows}
     assert kinds == {"extend", "decode", "varlen"}
-    assert {r.head_dim for r in report_rows if r.case.startswith("varlen")} == {64, 80}
+    assert {r.head_dim for r in report_rows if r.case.startswith("varlen")} == {64, 72, 80}
     assert all(r.shared_bytes >= 0 and r.registers > 0 for r in report_rows)
 
 

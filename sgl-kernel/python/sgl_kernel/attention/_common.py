@@ -86,6 +86,13 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def stride_unit(strides, element_size: int) -> int:
+    """How many elements make 16 bytes, when every stride is a multiple of that (a kernel taking strides
+    in that unit can prove 16-byte aligned rows and issue 128-bit loads); else 1 (the fallback launch)."""
+    unit = max(1, 16 // element_size)
+    return unit if all(x % unit == 0 for x in strides) else 1
+
+
 @dataclass
 class LaunchPlan:
     """One kernel launch, described before it happens: the launcher runs it, the machine-code report

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.attention._common import LaunchPlan, dot_precision
+from sgl_kernel.attention._common import LaunchPlan, dot_precision, stride_unit
 
 _LOG2E = 1.4426950408889634
 
@@ -29,11 +29,12 @@ def _prefill_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
     q_indptr_ptr, kv_indptr_ptr, kv_indices_ptr,
     qk_scale,  # sm_scale * log2(e): the softmax runs in base 2
-    head_dim,
-    stride_qt, stride_qh,
+    stride_qt, stride_qh,  # every stride in units of STRIDE_UNIT elements
     stride_kt, stride_kh,
     stride_vt, stride_vh,
     stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr,
+    STRIDE_UNIT: tl.constexpr,  # 16 bytes' worth of elements when every stride is a multiple of it, else 1
     GROUP: tl.constexpr,  # query heads per kv head
     PAGED: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -56,7 +57,18 @@ def _prefill_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_n0 = tl.arange(0, BLOCK_N)
     m_mask = offs_m < q_len
-    d_mask = offs_d < head_dim
+    d_mask = offs_d < HEAD_DIM
+    # Strides arrive divided by STRIDE_UNIT: multiplied back by a constant, every row start is provably
+    # 16-byte aligned, so rows load as 128-bit vectors even where the stride itself (72, 80 elements) is
+    # not a multiple of 16.
+    stride_qt = stride_qt * STRIDE_UNIT
+    stride_qh = stride_qh * STRIDE_UNIT
+    stride_kt = stride_kt * STRIDE_UNIT
+    stride_kh = stride_kh * STRIDE_UNIT
+    stride_vt = stride_vt * STRIDE_UNIT
+    stride_vh = stride_vh * STRIDE_UNIT
+    stride_ot = stride_ot * STRIDE_UNIT
+    stride_oh = stride_oh * STRIDE_UNIT
 
     rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(
@@ -133,15 +145,20 @@ def plan_prefill(
     batch = q_indptr.shape[0] - 1
     hq, hk, head_dim = q.shape[1], k.shape[1], q.shape[2]
     block_m, block_n, block_d, opts = _blocks(head_dim, on_cuda)
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+               out.stride(0), out.stride(1))
+    unit = stride_unit(strides, q.element_size())
+    s = [x // unit for x in strides]
     args = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out,
         q_indptr_ptr=q_indptr, kv_indptr_ptr=kv_indptr,
         kv_indices_ptr=kv_indices if kv_indices is not None else kv_indptr,
-        qk_scale=sm_scale * _LOG2E, head_dim=head_dim,
-        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_kt=k.stride(0), stride_kh=k.stride(1),
-        stride_vt=v.stride(0), stride_vh=v.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        qk_scale=sm_scale * _LOG2E,
+        stride_qt=s[0], stride_qh=s[1], stride_kt=s[2], stride_kh=s[3],
+        stride_vt=s[4], stride_vh=s[5], stride_ot=s[6], stride_oh=s[7],
     )
     constexprs = dict(
+        HEAD_DIM=head_dim, STRIDE_UNIT=unit,
         GROUP=hq // hk, PAGED=kv_indices is not None, CAUSAL=causal,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
     )
