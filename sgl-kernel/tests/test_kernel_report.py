@@ -68,6 +68,20 @@ def test_stride_unit_is_16_bytes_only_when_every_stride_allows_it():
     assert stride_unit((0, 8), 2) == 8
 
 
+@pytest.mark.parametrize("longest, block_m, programs", [(64, 64, 1), (49, 64, 1), (65, 128, 1), (4800, 128, 38)])
+def test_vision_query_block_follows_the_longest_segment(longest, block_m, programs):
+    pytest.importorskip("triton", reason="the launch plan lives in the kernel module")
+    import torch
+
+    from sgl_kernel.attention._prefill_triton import plan_prefill
+
+    q = torch.empty(16384, 16, 80, dtype=torch.bfloat16, device="meta")
+    cu = torch.empty(257, dtype=torch.int32, device="meta")
+    plan = plan_prefill(q, q, q, q, cu, cu, None, longest, 0.1, causal=False, on_cuda=True)
+    assert plan.constexprs["BLOCK_M"] == block_m
+    assert plan.grid == (programs, 256, 16)
+
+
 @pytest.fixture(scope="module")
 def report_rows():
     pytest.importorskip("triton", reason="the report compiles with triton")

@@ -123,16 +123,20 @@ def _prefill_fwd_kernel(
     )
 
 
-def _blocks(head_dim: int, is_cuda: bool) -> tuple[int, int, int, dict]:
-    # tl.dot needs every block dim >= 16. Tiny blocks on the interpreter keep CPU tests fast.
+def _blocks(head_dim: int, is_cuda: bool, max_q_len: int) -> tuple[int, int, int, dict]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, launch options). tl.dot needs every block dim >= 16; tiny blocks on the
+    interpreter keep CPU tests fast. On CUDA the query block follows the longest segment: Qwen2.5-VL's
+    windowed vision layers attend at most 64 patches, and a 128-row block would be half padding."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     if not is_cuda:
         return 16, 16, block_d, {}
+    if block_d > 128:
+        return 64, 32, block_d, dict(num_warps=8, num_stages=1)
+    if max_q_len <= 64:
+        return 64, 64, block_d, dict(num_warps=4, num_stages=3 if block_d <= 64 else 2)
     if block_d <= 64:
         return 128, 64, block_d, dict(num_warps=4, num_stages=3)
-    if block_d <= 128:
-        return 128, 64, block_d, dict(num_warps=8, num_stages=2)
-    return 64, 32, block_d, dict(num_warps=8, num_stages=1)
+    return 128, 64, block_d, dict(num_warps=8, num_stages=2)
 
 
 def plan_prefill(
@@ -144,7 +148,7 @@ def plan_prefill(
     tensors do): the machine-code report compiles exactly what a launch would."""
     batch = q_indptr.shape[0] - 1
     hq, hk, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    block_m, block_n, block_d, opts = _blocks(head_dim, on_cuda)
+    block_m, block_n, block_d, opts = _blocks(head_dim, on_cuda, max_q_len)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                out.stride(0), out.stride(1))
     unit = stride_unit(strides, q.element_size())
