@@ -1,106 +1,145 @@
 #!/usr/bin/env bash
-# The GPU suite on a CUDA machine, in stages that each fit one 10-minute call on a bare machine
-# with no package registry:
+# The GPU checks on a CUDA machine, in stages that each fit one GPU job (at most 600 s, at most 8
+# files brought back from $OUT) on a bare machine with no package registry:
 #
 #   bash scripts/gpu_check.sh --stage tests     # gpu-marked tests, then the device-following suite on cuda
 #   bash scripts/gpu_check.sh --stage micro     # benchmark/gpu_micro_benchmarks.txt
-#   bash scripts/gpu_check.sh --stage serving   # benchmark/gpu_serving_benchmarks.txt
-#   bash scripts/gpu_check.sh [--stage all]     # the three in order
+#   bash scripts/gpu_check.sh --stage serving   # benchmark/gpu_serving_benchmarks.txt, @stage=serving lines
+#   bash scripts/gpu_check.sh --stage serving2  # the same list's @stage=serving2 lines
+#   bash scripts/gpu_check.sh [--stage all]     # all four in order (a runner without the 600 s limit)
+#
+# Options:
+#   --dry-run       print the plan (one line per step with its budget, then `planned N s, files M`);
+#                   runs and installs nothing, needs none of the server's modules
+#   --list FILE     take the stage's commands from FILE instead of its own list (tests of this script)
+#   --no-install    skip the install and environment steps; only check that the server's modules import
 #
 # Environment:
-#   WHEELS_DIR      wheels installed offline before anything else (default shared/wheels; skipped if missing)
-#   OUT             output folder (default gpu_check_out): gpu_check.log, summary.json, junit XML, benchmark JSON
-#   BENCH_TIMEOUT   seconds allowed to one benchmark command (default 540)
-#   STAGE_BUDGET    seconds after which a stage starts no new command (default 540)
+#   WHEELS_DIR      wheels installed offline first (default shared/wheels). When the server's modules
+#                   (zmq, fastapi, uvicorn, ...) do not import and there are no wheels, the stage stops
+#                   at once, naming the folder and the modules.
+#   OUT             output folder (default gpu_check_out). A stage leaves exactly: gpu-check-STAGE.log,
+#                   summary-STAGE.json (rewritten after every step), results-STAGE.tar.gz (everything the
+#                   commands wrote under $RAW, refreshed after every step) and the tests' junit-*.xml.
+#   GPU_CACHE       what later jobs on the same machine reuse (default .gpu_cache, git-ignored): generated
+#                   models under $GPU_CACHE/models, the commands' raw results under $GPU_CACHE/raw/STAGE
+#                   (exported to the commands as $RAW)
+#   STAGE_BUDGET    seconds a stage may take, steps included (default 570; 570 per stage for `all`)
+#   PYTHON          interpreter (default python)
 #
-# Every step runs even after an earlier one failed; the exit status is non-zero when a counted step
-# failed. pip never resolves dependencies or reaches an index here, and torch is pinned to the
-# image's own build, so the GPU image's torch stays as it is.
+# Every step runs under `timeout` with min(its own budget, what is left of the stage): SIGINT first
+# (pytest still writes its junit XML), SIGKILL to the step's process group at the budget, and any
+# process the step left behind is killed before the next one starts. A failed step does not stop the
+# next ones, except install (nothing could work without it); the exit status is non-zero when a
+# counted step failed. pip never resolves dependencies or reaches an index here, and torch is pinned
+# to the image's own build. Plan, list format and budgets: scripts/gpu_check_plan.py.
 set -u
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HELPER="$REPO_ROOT/scripts/gpu_check_plan.py"
+CALLER_PWD="$PWD"
 cd "$REPO_ROOT" || exit 2
 
-STAGE=all
+STAGE=all LIST="" DRY_RUN=0 INSTALL=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --stage) STAGE="${2:-}"; shift 2 ;;
         --stage=*) STAGE="${1#--stage=}"; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-        *) echo "unknown argument: $1 (use --stage tests|micro|serving|all)" >&2; exit 2 ;;
+        --list) LIST="${2:-}"; shift 2 ;;
+        --list=*) LIST="${1#--list=}"; shift ;;
+        --dry-run) DRY_RUN=1; shift ;;
+        --no-install) INSTALL=0; shift ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-case "$STAGE" in tests|micro|serving|all) ;; *) echo "unknown stage: $STAGE (tests|micro|serving|all)" >&2; exit 2 ;; esac
+[[ -n "$LIST" && "$LIST" != /* ]] && LIST="$CALLER_PWD/$LIST"
 
-WHEELS_DIR="${WHEELS_DIR:-shared/wheels}"
+export PYTHON="${PYTHON:-python}"
+export WHEELS_DIR="${WHEELS_DIR:-shared/wheels}"
 export OUT="${OUT:-gpu_check_out}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-540}"
-STAGE_BUDGET="${STAGE_BUDGET:-540}"
-PYTHON="${PYTHON:-python}"
+export GPU_CACHE="${GPU_CACHE:-.gpu_cache}"
+plan_args=(plan --stage "$STAGE" --wheels-dir "$WHEELS_DIR")
+[[ -n "$LIST" ]] && plan_args+=(--list "$LIST")
+[[ "$INSTALL" -eq 0 ]] && plan_args+=(--no-install)
 
-mkdir -p "$OUT" || exit 2
-LOG="$OUT/gpu_check.log"
-exec > >(tee -a "$LOG") 2>&1
+if [[ "$DRY_RUN" -eq 1 ]]; then
+    exec "$PYTHON" "$HELPER" "${plan_args[@]}" --format text
+fi
 
-step_names=()
-step_codes=()
-step_counts=()
-step_secs=()
-failed=0
+plan_tsv="$("$PYTHON" "$HELPER" "${plan_args[@]}" --format tsv)" || exit 2
+mapfile -t PLAN <<<"$plan_tsv"
+IFS=$'\t' read -r _ default_budget PLANNED _ MIN_START <<<"${PLAN[0]}"
+PLAN=("${PLAN[@]:1}")
+STAGE_BUDGET="${STAGE_BUDGET:-$default_budget}"
+
+mkdir -p "$OUT" "$GPU_CACHE" || exit 2
+OUT="$(cd "$OUT" && pwd)"
+GPU_CACHE="$(cd "$GPU_CACHE" && pwd)"
+if [[ "$OUT" == "$REPO_ROOT" ]]; then echo "OUT must be a folder of its own, not the repository" >&2; exit 2; fi
+export RAW="$GPU_CACHE/raw/$STAGE"
+rm -rf "$RAW" && mkdir -p "$RAW" || exit 2
+RECORDS="$GPU_CACHE/steps-$STAGE.tsv"
+STAMP="$GPU_CACHE/start-$STAGE"
+: >"$RECORDS"; : >"$STAMP"
+STAGE_T0=$SECONDS
+
+exec > >(tee "$OUT/gpu-check-$STAGE.log") 2>&1
+
+# The checkout itself, whether or not the editable installs work.
+export PYTHONPATH="$REPO_ROOT:$REPO_ROOT/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}"
+export SGLANG_TEST_DEVICE=cuda
 
 section() { printf '\n===== %s =====\n' "$1"; }
 
-# record NAME RC SECONDS [counts]: counts=1 makes a non-zero RC fail the run.
-record() {
-    local name="$1" rc="$2" secs="$3" counts="${4:-1}"
-    step_names+=("$name"); step_codes+=("$rc"); step_secs+=("$secs"); step_counts+=("$counts")
-    if [[ "$rc" -ne 0 && "$counts" -eq 1 ]]; then failed=1; fi
+# ---- the install and environment steps (run as `bash -c NAME` under the step's timeout) ------------
+wheels_state() {
+    local dir; dir="$(realpath -m "$WHEELS_DIR")"
+    if [[ ! -d "$dir" ]]; then echo "folder $dir does not exist"
+    elif ! compgen -G "$dir/*.whl" >/dev/null; then echo "folder $dir holds no .whl files"
+    else echo "folder $dir holds $(compgen -G "$dir/*.whl" | wc -l) wheels"; fi
 }
 
-# run_step NAME COUNTS CMD...: runs, times and records one step.
-run_step() {
-    local name="$1" counts="$2"; shift 2
-    section "$name"
-    local t0=$SECONDS
-    "$@"
-    local rc=$?
-    # pytest exits 5 when it collected nothing: a stage with no such test is not a failure
-    if [[ "$rc" -eq 5 && "$1" == "$PYTHON" && "${2:-}" == "-m" && "${3:-}" == "pytest" ]]; then
-        echo "no tests collected; counted as passed"; rc=0
+gpu_check_modules() {
+    local missing
+    if missing="$("$PYTHON" "$HELPER" check-modules)"; then echo "the server's modules import"; return 0; fi
+    echo "ERROR: the server needs modules that $PYTHON cannot import:"
+    printf '  %s\n' "${missing//$'\n'/$'\n'  }"
+    echo "Wheels (WHEELS_DIR=$WHEELS_DIR): $(wheels_state)."
+    echo "Copy the wheels into a folder of the checkout and pass it as WHEELS_DIR (docs/performance.md,"
+    echo "\"Running the GPU checks\")."
+    return 3
+}
+
+gpu_check_install() {
+    local missing torch_version after
+    if ! compgen -G "$WHEELS_DIR/*.whl" >/dev/null; then
+        # Nothing to install from: fine when every module is already there (a second job on a machine).
+        echo "no wheels to install: $(wheels_state)"
+        gpu_check_modules
+        return
     fi
-    record "$name" "$rc" $((SECONDS - t0)) "$counts"
-    return 0
-}
-
-# ---- install (every stage: a fresh machine may get any stage first) -------------------------
-install() {
-    local torch_version constraints
+    missing="$("$PYTHON" "$HELPER" check-modules)" || echo "not importable yet (installing): ${missing//$'\n'/; }"
     torch_version="$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
-    constraints="$OUT/constraints.txt"
-    : >"$constraints"
-    [[ -n "$torch_version" ]] && echo "torch==$torch_version" >"$constraints"
+    local constraints="$GPU_CACHE/constraints.txt"
+    if [[ -n "$torch_version" ]]; then echo "torch==$torch_version" >"$constraints"; else : >"$constraints"; fi
     local pip_cmd=("$PYTHON" -m pip install -q --no-index --disable-pip-version-check -c "$constraints")
-    if compgen -G "$WHEELS_DIR/*.whl" >/dev/null; then
-        run_step "install wheels from $WHEELS_DIR" 1 "${pip_cmd[@]}" --find-links "$WHEELS_DIR" "$WHEELS_DIR"/*.whl
-    else
-        echo "no wheels in $WHEELS_DIR; skipped"
-    fi
-    local extra=()
-    "${pip_cmd[@]}" --no-deps --no-build-isolation -e . || extra+=("$REPO_ROOT")
-    "${pip_cmd[@]}" --no-deps --no-build-isolation -e sgl-kernel || extra+=("$REPO_ROOT/sgl-kernel/python")
-    if [[ ${#extra[@]} -gt 0 ]]; then
-        echo "editable install failed for ${extra[*]}; using PYTHONPATH"
-        export PYTHONPATH="$(IFS=:; echo "${extra[*]}")${PYTHONPATH:+:$PYTHONPATH}"
-    fi
+    echo "+ pip install --no-index --find-links $WHEELS_DIR $WHEELS_DIR/*.whl (torch pinned to ${torch_version:-none})"
+    "${pip_cmd[@]}" --find-links "$WHEELS_DIR" "$WHEELS_DIR"/*.whl || echo "WARNING: pip failed (rc=$?)"
+    "${pip_cmd[@]}" --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+        || echo "editable install of . failed; the checkout is on PYTHONPATH"
+    "${pip_cmd[@]}" --no-deps --no-build-isolation -e sgl-kernel >/dev/null 2>&1 \
+        || echo "editable install of sgl-kernel failed; sgl-kernel/python is on PYTHONPATH"
+    gpu_check_modules || return
     if [[ -n "$torch_version" ]]; then
-        local after
         after="$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
         if [[ "$after" != "$torch_version" ]]; then
-            echo "ERROR: torch changed during install: $torch_version -> $after"
-            record "torch unchanged" 1 0
+            echo "ERROR: torch changed during install: $torch_version -> $after"; return 4
         fi
     fi
-    section "environment"
+}
+
+gpu_check_environment() {
     command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     "$PYTHON" - <<'PY'
 import sys, torch
@@ -115,61 +154,85 @@ except ImportError:
     print("triton not installed")
 PY
 }
+export HELPER
+export -f wheels_state gpu_check_modules gpu_check_install gpu_check_environment
 
-# ---- stages ---------------------------------------------------------------------------------
-export SGLANG_TEST_DEVICE=cuda
+# ---- bookkeeping after every step: strays into $RAW, the results tarball, the summary ---------------
+failed=0
 
-stage_tests() {
-    run_step "tests: gpu-marked" 1 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider \
-        --junitxml="$OUT/tests-gpu-marked.xml" test sgl-kernel/tests
-    # The device-following part of the default suite: model parity on cuda, server fixtures with
-    # --device cuda, NCCL start-up, scheduler e2e cases (CPU-only cases skip with their reason).
-    run_step "tests: suite on cuda" 1 timeout 420 "$PYTHON" -m pytest -q -x -p no:cacheprovider -m "not slow" \
-        --junitxml="$OUT/tests-cuda.xml" test/unit/models test/unit/model_loader test/unit/layers test/e2e
+# Files a command wrote straight under $OUT (not one of this script's outputs) would cost the job's
+# file limit: they go into the tarball instead.
+collect_strays() {
+    local f rel
+    while IFS= read -r -d '' f; do
+        rel="${f#"$OUT"/}"
+        mkdir -p "$RAW/stray/$(dirname "$rel")" && mv -f "$f" "$RAW/stray/$rel" \
+            && echo "moved \$OUT/$rel into the results"
+    done < <(find "$OUT" -type f -newer "$STAMP" ! -name 'gpu-check-*.log' ! -name 'summary-*.json' \
+                  ! -name 'results-*.tar.gz' ! -name 'junit-*.xml' ! -name '.*.part' -print0)
+    find "$OUT" -mindepth 1 -type d -empty -newer "$STAMP" -delete 2>/dev/null
 }
 
-run_bench_list() {
-    local list="$1" stage="$2" start=$SECONDS n=0
-    if [[ ! -f "$list" ]]; then echo "$list not found"; record "$stage: list" 1 0; return; fi
-    while IFS= read -r line || [[ -n "$line" ]]; do
-        local cmd="${line#"${line%%[![:space:]]*}"}"
-        [[ -z "$cmd" || "$cmd" == \#* ]] && continue
-        n=$((n + 1))
-        if (( SECONDS - start > STAGE_BUDGET )); then
-            echo "stage budget of ${STAGE_BUDGET}s spent; not started: $cmd"
-            record "$stage $n (not started: budget)" 1 0
-            continue
-        fi
-        run_step "$stage $n: $cmd" 1 timeout "$BENCH_TIMEOUT" bash -c "$cmd" </dev/null
-    done <"$list"
-    echo "$n command(s) in $list"
+write_summary() {  # [--complete --table]
+    "$PYTHON" "$HELPER" summary --records "$RECORDS" --out "$OUT/summary-$STAGE.json" --stage "$STAGE" \
+        --stage-budget "$STAGE_BUDGET" --planned "$PLANNED" --elapsed $((SECONDS - STAGE_T0)) "$@"
 }
 
-install
-case "$STAGE" in
-    tests) stage_tests ;;
-    micro) run_bench_list benchmark/gpu_micro_benchmarks.txt micro ;;
-    serving) run_bench_list benchmark/gpu_serving_benchmarks.txt serving ;;
-    all) stage_tests; run_bench_list benchmark/gpu_micro_benchmarks.txt micro
-         run_bench_list benchmark/gpu_serving_benchmarks.txt serving ;;
-esac
+# record NAME RC SECONDS BUDGET GIVEN COUNTS STATUS
+record() {
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$RECORDS"
+    if [[ "$2" -ne 0 && "$6" -eq 1 ]]; then failed=1; fi
+    collect_strays
+    local part="$OUT/.results-$STAGE.tar.gz.part"
+    tar -czf "$part" -C "$RAW" . && mv -f "$part" "$OUT/results-$STAGE.tar.gz"
+    write_summary
+}
 
-# ---- summary --------------------------------------------------------------------------------
-section "summary ($STAGE)"
-{
-    printf '{"stage": "%s", "failed": %d, "steps": [' "$STAGE" "$failed"
-    for i in "${!step_names[@]}"; do
-        [[ $i -gt 0 ]] && printf ', '
-        name="${step_names[$i]//\\/\\\\}"; name="${name//\"/\\\"}"
-        printf '{"name": "%s", "rc": %d, "seconds": %d, "counts": %d}' "$name" "${step_codes[$i]}" "${step_secs[$i]}" "${step_counts[$i]}"
-    done
-    printf ']}\n'
-} >"$OUT/summary-$STAGE.json"
-for i in "${!step_names[@]}"; do
-    if [[ "${step_codes[$i]}" -eq 0 ]]; then status="ok"
-    elif [[ "${step_counts[$i]}" -eq 0 ]]; then status="warning (rc=${step_codes[$i]}, not counted)"
-    else status="FAILED (rc=${step_codes[$i]})"; fi
-    printf '%-70.70s %5ss  %s\n' "${step_names[$i]}" "${step_secs[$i]}" "$status"
+# run_step INDEX BUDGET GIVEN COUNTS PYTEST NAME CMD: one step under its hard budget.
+run_step() {
+    local idx="$1" budget="$2" given="$3" counts="$4" is_pytest="$5" name="$6" cmd="$7"
+    local grace=$((given / 4)) note=""
+    ((grace > 15)) && grace=15
+    ((grace < 1)) && grace=1
+    ((given < budget)) && note=" (cut from ${budget} s: what is left of the stage)"
+    section "$name  [budget ${given} s$note]"
+    echo "+ $cmd"
+    local t0=$SECONDS rc status
+    GPU_CHECK_STEP="$$-$idx" timeout -s INT -k "$grace" $((given - grace)) \
+        "$PYTHON" "$HELPER" exec -- bash -c "$cmd" </dev/null
+    rc=$?
+    "$PYTHON" "$HELPER" reap "GPU_CHECK_STEP=$$-$idx"
+    if [[ "$rc" -eq 5 && "$is_pytest" -eq 1 ]]; then echo "no tests collected; counted as passed"; rc=0; fi
+    if [[ "$rc" -eq 124 || "$rc" -eq 137 ]]; then
+        status="timed out"; [[ -n "$note" ]] && status="timed out (stage budget)"
+        echo "TIMED OUT after $((SECONDS - t0)) s (budget ${given} s)"
+    elif [[ "$rc" -eq 0 ]]; then status="ok"
+    elif [[ "$counts" -eq 0 ]]; then status="warning"
+    else status="failed"; fi
+    record "$name" "$rc" $((SECONDS - t0)) "$budget" "$given" "$counts" "$status"
+    return "$rc"
+}
+
+# ---- the stage ------------------------------------------------------------------------------------
+echo "gpu_check --stage $STAGE: ${#PLAN[@]} steps, planned $PLANNED s, stage budget $STAGE_BUDGET s, OUT=$OUT"
+aborted=""
+for i in "${!PLAN[@]}"; do
+    IFS=$'\t' read -r budget counts fatal is_pytest name cmd <<<"${PLAN[$i]}"
+    left=$((STAGE_BUDGET - (SECONDS - STAGE_T0)))
+    if [[ -n "$aborted" ]]; then
+        record "$name" 1 0 "$budget" 0 0 "not started ($aborted failed)"
+    elif ((left < MIN_START)); then
+        echo "not started (stage budget spent): $name"
+        record "$name" 1 0 "$budget" 0 "$counts" "not started (stage budget spent)"
+    elif ! run_step "$i" "$budget" $((budget < left ? budget : left)) "$counts" "$is_pytest" "$name" "$cmd" \
+            && [[ "$fatal" -eq 1 ]]; then
+        aborted="$name"
+    fi
 done
-if [[ "$failed" -ne 0 ]]; then echo "gpu_check ($STAGE): FAILED"; else echo "gpu_check ($STAGE): OK"; fi
+
+section "summary ($STAGE, $((SECONDS - STAGE_T0)) s of $STAGE_BUDGET s)"
+write_summary --complete --table
+if [[ -n "$aborted" ]]; then echo "gpu_check ($STAGE): STOPPED ($aborted failed)"
+elif [[ "$failed" -ne 0 ]]; then echo "gpu_check ($STAGE): FAILED"
+else echo "gpu_check ($STAGE): OK"; fi
 exit "$failed"

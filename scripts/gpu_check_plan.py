@@ -1,0 +1,397 @@
+"""The plan, budgets and bookkeeping behind ``scripts/gpu_check.sh`` (standard library only).
+
+A GPU job runs at most 600 s and brings back at most 8 files from ``$OUT``. Each stage of
+``gpu_check.sh`` therefore plans at most ``STAGE_LIMIT`` seconds, install and model generation
+included, and leaves a fixed set of files: its log, its summary JSON, one tarball of everything its
+commands wrote under ``$RAW``, and one junit XML per pytest step.
+
+Subcommands (``gpu_check.sh`` calls them; each is usable on its own):
+
+    plan --stage S [--list FILE] [--no-install] [--format text|tsv]   the stage's steps and budgets
+    check-modules                       names the modules the server needs that this Python lacks
+    summary --records F --out F ...     writes the summary JSON (atomically) from the step records
+    exec -- CMD...                      runs CMD with SIGINT and SIGPIPE at their defaults
+    reap KEY=VALUE                      SIGKILLs every process whose environment holds KEY=VALUE
+
+Benchmark list files: one shell command per line, led by ``@key=value`` tokens:
+``@budget=SECONDS`` (required: the most the command may run) and ``@stage=NAME`` (optional: the
+line runs only in that stage; without it, in every stage that reads the list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What one stage may plan: a job is killed at 600 s; 30 s stay for start-up, summary and slack.
+STAGE_LIMIT = 570
+# A step is not started when less than this is left of its stage.
+MIN_START_S = 3
+
+STAGES = ("tests", "micro", "serving", "serving2")
+ALL_STAGES = STAGES + ("all",)
+LISTS = {
+    "micro": "benchmark/gpu_micro_benchmarks.txt",
+    "serving": "benchmark/gpu_serving_benchmarks.txt",
+    "serving2": "benchmark/gpu_serving_benchmarks.txt",
+}
+
+INSTALL_BUDGET = 50  # offline wheels (~30 s) + editable installs + module checks
+ENV_BUDGET = 10
+CHECK_BUDGET = 15  # --no-install: the module check alone
+
+# Import name -> wheel (distribution) name: what the server, its clients and the tests import that
+# the GPU image may lack (docs: /work/shared/wheels/README.md lists what the image has).
+REQUIRED_MODULES = {
+    "zmq": "pyzmq",
+    "fastapi": "fastapi",
+    "starlette": "starlette",
+    "uvicorn": "uvicorn",
+    "pydantic": "pydantic",
+    "pydantic_core": "pydantic-core",
+    "orjson": "orjson",
+    "msgspec": "msgspec",
+    "blake3": "blake3",
+    "pybase64": "pybase64",
+    "openai": "openai",
+    "xxhash": "xxhash",
+    "aiohttp": "aiohttp",
+}
+# Extra import names (comma or space separated) that check-modules also requires.
+EXTRA_MODULES_ENV = "GPU_CHECK_REQUIRED_MODULES"
+
+TSV_FIELDS = ("budget", "counts", "fatal", "pytest", "name", "command")
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclass
+class Step:
+    name: str
+    budget: int
+    command: str  # run by `bash -c` from the repository root (shell functions of gpu_check.sh included)
+    counts: bool = True  # a failure fails the stage
+    fatal: bool = False  # a failure stops the stage (nothing after it could work)
+    pytest: bool = False  # exit status 5 (nothing collected) counts as passed
+    outputs: tuple[str, ...] = ()  # files the step writes directly under $OUT
+    display: str = ""
+
+    def tsv(self) -> str:
+        cells = [str(self.budget), str(int(self.counts)), str(int(self.fatal)), str(int(self.pytest)),
+                 self.name, self.command]
+        for cell in cells:
+            if "\t" in cell or "\n" in cell:
+                raise PlanError(f"tab or newline in step {self.name!r}")
+        return "\t".join(cells)
+
+
+@dataclass
+class Plan:
+    stage: str
+    steps: list[Step]
+    stage_budget: int
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def planned(self) -> int:
+        return sum(s.budget for s in self.steps)
+
+    @property
+    def files(self) -> int:
+        return len(self.outputs)
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def prelude(install: bool, wheels_dir: str) -> list[Step]:
+    if not install:
+        return [Step("check modules", CHECK_BUDGET, "gpu_check_modules", fatal=True,
+                     display="the modules the server needs import (no install)")]
+    return [
+        Step("install", INSTALL_BUDGET, "gpu_check_install", fatal=True,
+             display=f"check the server's modules; pip install --no-index {wheels_dir}/*.whl "
+                     "(torch pinned); editable . and sgl-kernel; check again"),
+        Step("environment", ENV_BUDGET, "gpu_check_environment", counts=False,
+             display="nvidia-smi, python/torch/cuda/triton versions"),
+    ]
+
+
+def tests_steps() -> list[Step]:
+    # The 1,000-request CUDA IPC e2e is gpu-marked; the suite part is the device-following tests
+    # (model parity on cuda, server fixtures with --device cuda, NCCL start-up, scheduler e2e).
+    return [
+        Step("tests: gpu-marked", 180,
+             '"$PYTHON" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/junit-gpu-marked.xml" '
+             "test sgl-kernel/tests",
+             pytest=True, outputs=("junit-gpu-marked.xml",)),
+        Step("tests: suite on cuda", 320,
+             '"$PYTHON" -m pytest -q -x -p no:cacheprovider -m "not slow" --junitxml="$OUT/junit-cuda.xml" '
+             "test/unit/models test/unit/model_loader test/unit/layers test/e2e",
+             pytest=True, outputs=("junit-cuda.xml",)),
+    ]
+
+
+_TOKEN = re.compile(r"@([a-z_]+)=(\S+)")
+
+
+def parse_list(path: Path, stage: str) -> list[Step]:
+    """The list's lines for ``stage``: ``@budget=S [@stage=NAME] command``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PlanError(f"cannot read list {path}: {e.strerror}") from None
+    steps = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{path}:{lineno}"
+        if "\t" in line:
+            raise PlanError(f"{where}: tab in a command (use spaces)")
+        opts: dict[str, str] = {}
+        while (m := _TOKEN.match(line)) is not None:
+            key, value = m.groups()
+            if key not in ("budget", "stage"):
+                raise PlanError(f"{where}: unknown token @{key}= (known: @budget=, @stage=)")
+            if key in opts:
+                raise PlanError(f"{where}: @{key}= given twice")
+            opts[key] = value
+            line = line[m.end():].lstrip()
+        if "budget" not in opts:
+            raise PlanError(f"{where}: no @budget=SECONDS token at the start of the line")
+        if not opts["budget"].isdigit() or int(opts["budget"]) < 2:
+            raise PlanError(f"{where}: @budget= must be a whole number of seconds >= 2")
+        if "stage" in opts and opts["stage"] not in STAGES:
+            raise PlanError(f"{where}: unknown @stage={opts['stage']} (stages: {', '.join(STAGES)})")
+        if not line:
+            raise PlanError(f"{where}: no command after the tokens")
+        if opts.get("stage", stage) != stage:
+            continue
+        steps.append(Step(f"{stage} {len(steps) + 1}: {line}", int(opts["budget"]), line))
+    return steps
+
+
+def stage_steps(stage: str, list_path: Path | None) -> list[Step]:
+    if list_path is not None:
+        return parse_list(list_path, stage)
+    if stage == "tests":
+        return tests_steps()
+    return parse_list(REPO / LISTS[stage], stage)
+
+
+def build_plan(stage: str, list_path: Path | None = None, install: bool = True,
+               wheels_dir: str = "shared/wheels") -> Plan:
+    if stage not in ALL_STAGES:
+        raise PlanError(f"unknown stage {stage!r} ({'|'.join(ALL_STAGES)})")
+    steps = prelude(install, wheels_dir)
+    if stage == "all":
+        if list_path is not None:
+            raise PlanError("--list names the commands of one stage; not with --stage all")
+        # One run: a command two stages share (the model generation) runs once.
+        for s in STAGES:
+            steps += [st for st in stage_steps(s, None) if st.command not in {p.command for p in steps}]
+        budget = STAGE_LIMIT * len(STAGES)
+    else:
+        steps += stage_steps(stage, list_path)
+        budget = STAGE_LIMIT
+    outputs = [f"gpu-check-{stage}.log", f"summary-{stage}.json", f"results-{stage}.tar.gz"]
+    for s in steps:
+        outputs += [o for o in s.outputs if o not in outputs]
+    return Plan(stage, steps, budget, outputs)
+
+
+def format_text(plan: Plan) -> str:
+    lines = [f"gpu_check --stage {plan.stage}: dry run, nothing is run; stage budget {plan.stage_budget} s"]
+    width = max((len(s.name) for s in plan.steps if len(s.name) <= 28), default=10)
+    for s in plan.steps:
+        flags = [] if s.counts else ["not counted"]
+        if s.fatal:
+            flags.append("stops the stage on failure")
+        name = s.name if len(s.name) <= 28 else s.name.split(":", 1)[0]
+        what = s.display or s.command
+        lines.append(f"{s.budget:5d} s  {name:<{width}}  {what}" + (f"  [{', '.join(flags)}]" if flags else ""))
+    lines.append(f"files under $OUT: {' '.join(plan.outputs)}")
+    if plan.planned > plan.stage_budget:
+        lines.append(f"WARNING: the plan exceeds the stage budget of {plan.stage_budget} s")
+    lines.append(f"planned {plan.planned} s, files {plan.files}")
+    return "\n".join(lines)
+
+
+def format_tsv(plan: Plan) -> str:
+    head = f"#plan\t{plan.stage_budget}\t{plan.planned}\t{plan.files}\t{MIN_START_S}"
+    return "\n".join([head] + [s.tsv() for s in plan.steps])
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+def required_modules() -> dict[str, str]:
+    mods = dict(REQUIRED_MODULES)
+    for name in re.split(r"[,\s]+", os.environ.get(EXTRA_MODULES_ENV, "")):
+        if name:
+            mods.setdefault(name, name)
+    return mods
+
+
+def missing_modules() -> list[str]:
+    """One line per required module that does not import: 'name (wheel dist): error'."""
+    out = []
+    for mod, dist in required_modules().items():
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # noqa: BLE001 - any failure to import is a missing module here
+            out.append(f"{mod} (wheel {dist}): {type(e).__name__}: {e}")
+    return out
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def write_summary(records: Path, out: Path, stage: str, stage_budget: int, planned: int,
+                  elapsed: int, complete: bool) -> dict:
+    steps = []
+    if records.exists():
+        for line in records.read_text(encoding="utf-8").splitlines():
+            if not line:
+                continue
+            name, rc, secs, budget, given, counts, status = line.split("\t")
+            steps.append({"name": name, "status": status, "rc": int(rc), "seconds": int(secs),
+                          "budget": int(budget), "given": int(given), "counts": int(counts),
+                          "timed_out": status.startswith("timed out")})
+    failed = int(any(s["counts"] and s["rc"] != 0 for s in steps))
+    summary = {"stage": stage, "complete": complete, "failed": failed, "stage_budget_s": stage_budget,
+               "planned_s": planned, "elapsed_s": elapsed, "steps": steps}
+    tmp = out.with_name(f".{out.name}.part")
+    tmp.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, out)
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    lines = []
+    for s in summary["steps"]:
+        status = s["status"] if s["status"] == "ok" else f"{s['status']} (rc={s['rc']})"
+        if s["status"] != "ok" and not s["counts"]:
+            status += ", not counted"
+        lines.append(f"{s['name'][:64]:<64} {s['seconds']:4d}/{s['given']:<4d}s  {status}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def reap(tag: str, rounds: int = 5) -> list[int]:
+    """SIGKILL every process (but this one) whose environment holds exactly ``tag`` (KEY=VALUE)."""
+    want = tag.encode()
+    me = os.getpid()
+    killed: list[int] = []
+    for _ in range(rounds):
+        found = []
+        try:
+            pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        except OSError:
+            return killed
+        for pid in pids:
+            if pid == me:
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if want in env.split(b"\0"):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    found.append(pid)
+                except OSError:
+                    pass
+        if not found:
+            break
+        killed += found
+        time.sleep(0.05)  # let the killed ones go before looking for children they started
+    return killed
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["exec"]:
+        cmd = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+        if not cmd:
+            print("exec: no command", file=sys.stderr)
+            return 2
+        # A shell started in the background ignores SIGINT, and Python ignores SIGPIPE: give the
+        # command both at their defaults, so that the timeout's SIGINT reaches pytest (junit XML).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.execvp(cmd[0], cmd)
+
+    ap = argparse.ArgumentParser(prog="gpu_check_plan.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan")
+    p.add_argument("--stage", required=True)
+    p.add_argument("--list", type=Path)
+    p.add_argument("--no-install", action="store_true")
+    p.add_argument("--wheels-dir", default=os.environ.get("WHEELS_DIR", "shared/wheels"))
+    p.add_argument("--format", choices=("text", "tsv"), default="text")
+    sub.add_parser("check-modules")
+    s = sub.add_parser("summary")
+    s.add_argument("--records", type=Path, required=True)
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--stage", required=True)
+    s.add_argument("--stage-budget", type=int, required=True)
+    s.add_argument("--planned", type=int, required=True)
+    s.add_argument("--elapsed", type=int, required=True)
+    s.add_argument("--complete", action="store_true")
+    s.add_argument("--table", action="store_true", help="also print the steps as a table")
+    r = sub.add_parser("reap")
+    r.add_argument("tag", help="KEY=VALUE")
+    args = ap.parse_args(argv)
+
+    if args.cmd == "plan":
+        try:
+            plan = build_plan(args.stage, args.list, not args.no_install, args.wheels_dir)
+        except PlanError as e:
+            print(f"gpu_check: {e}", file=sys.stderr)
+            return 2
+        if args.format == "tsv":
+            print(format_tsv(plan))
+            return 0
+        print(format_text(plan))
+        return 1 if plan.planned > plan.stage_budget else 0
+    if args.cmd == "check-modules":
+        missing = missing_modules()
+        for line in missing:
+            print(line)
+        return 1 if missing else 0
+    if args.cmd == "summary":
+        summary = write_summary(args.records, args.out, args.stage, args.stage_budget, args.planned,
+                                args.elapsed, args.complete)
+        if args.table:
+            print(format_table(summary))
+        return 0
+    if args.cmd == "reap":
+        killed = reap(args.tag)
+        if killed:
+            print(f"killed {len(killed)} process(es) left behind: {' '.join(map(str, killed))}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
