@@ -151,6 +151,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         """Out of KV for decoding: free this request's KV (its prefix goes to the radix cache) and
         requeue it at the front; it re-prefills prompt + outputs later, output so far intact."""
         self.kv.release(req)
+        self.worker.forget_retracted(req.rid)  # its penalty row is rebuilt at the re-prefill
         self.waiting.insert(0, req)
         self.num_retractions += 1
         self.new_token_ratio.on_retract(self.running)

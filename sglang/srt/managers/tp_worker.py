@@ -6,7 +6,6 @@ import torch
 
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.sampler import (
-    Penalties,
     Sampler,
     SamplingBatchInfo,
     adjust_logits,
@@ -16,6 +15,7 @@ from sglang.srt.layers.sampler import (
 )
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
+from sglang.srt.sampling.penalties import PenaltyState
 from sglang.srt.server_args import ServerArgs
 
 
@@ -47,6 +47,8 @@ class TpModelWorker:
         self.sampler = Sampler(server_args.random_seed)
         self.vocab_size = self.model_runner.model_config.text.vocab_size
         self.eos_ids = sorted(self.model_runner.model_config.eos_token_ids)
+        # token statistics of requests with penalties, on the device across steps
+        self.penalties = PenaltyState(self.vocab_size, self.model_runner.device)
 
     @torch.inference_mode()
     def forward_batch_generation(self, batch: ScheduleBatch, stage_timer_on: bool = False):
@@ -64,12 +66,13 @@ class TpModelWorker:
             params, [p.seed for p in params], self.vocab_size, runner.device,
             steps=[len(o) for o in outputs], rng=self.sampler.rng,
         )
-        if any(p.has_penalty for p in params):
-            info.penalties = Penalties.build(params, [r.origin_input_ids for r in reqs], outputs, self.vocab_size,
-                                             runner.device)
+        logits = out.next_token_logits
+        penalized = self.penalties.prepare(reqs)  # None when no request of the batch has a penalty
+        if penalized is not None:
+            logits = self.penalties.apply(logits, penalized)
         info.banned = banned_tokens(params, outputs, self.eos_ids, runner.device)
         info.logit_bias = logit_bias_entries(params, runner.device)
-        logits = adjust_logits(out.next_token_logits, info)
+        logits = adjust_logits(logits, info)  # after the penalties, as the sampler's own order has it
         ids = self.sampler(logits, info)
         logprobs = None
         if any(p.return_logprob or p.top_logprobs_num for p in params):
@@ -105,8 +108,14 @@ class TpModelWorker:
         return self.model_runner.mm_embedder.encoded_images(rid)
 
     def release_request(self, rid: str) -> None:
-        """A finished request's embedder state (pending image rows, counters) is dropped."""
+        """A finished request's embedder state (pending image rows, counters) and penalty row go."""
         self.model_runner.mm_embedder.release(rid)
+        self.penalties.release(rid)
+
+    def forget_retracted(self, rid: str) -> None:
+        """A retracted request's penalty row goes (rebuilt from its prompt and outputs when it is
+        prefilled again); its embedder state stays for the re-prefill."""
+        self.penalties.release(rid)
 
     def clear_mm_cache(self) -> None:
         self.model_runner.mm_embedder.clear()
