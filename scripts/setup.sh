@@ -18,6 +18,7 @@ TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
 CONSTRAINTS=$(mktemp)
 trap 'rm -f "$CONSTRAINTS"' EXIT
 echo "torch==${TORCH_VERSION}" > "$CONSTRAINTS"
+cat scripts/test-constraints.txt >> "$CONSTRAINTS"
 
 # sgl-kernel's triton extra lets the CPU suite run the Triton kernels under TRITON_INTERPRET=1. Where
 # no triton wheel exists for the platform, install without it: those tests then skip themselves.

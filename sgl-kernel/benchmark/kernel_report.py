@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -164,6 +165,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bfloat16,float32", help="comma list: bfloat16, float16, float32")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1" and argv is None:
+        # kernels imported under the interpreter cannot be compiled: run again without it
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     if importlib.util.find_spec("triton") is None:
         print("kernel_report: triton is not installed (pip install 'triton>=3.0'; no GPU needed)", file=sys.stderr)
         return 2
