@@ -10,28 +10,25 @@ when the weights exceed the shard size, ~2 GB), ``tokenizer.json``, ``tokenizer_
 ``special_tokens_map.json``, ``chat_template.jinja``.
 
 Weights are enumerated from the preset (no transformers needed) with the tensor names of the
-public Hub checkpoints, and every value is a pure function of ``(seed, tensor name, shape)``:
-a numpy PCG64 stream seeded from ``sha256(f"{seed}:{name}")`` (see :func:`tensor_seed`), drawn in
-fixed-size row chunks, scaled per tensor kind, then rounded to the target dtype.  The safetensors
-files are streamed chunk by chunk, so peak memory stays at one chunk (~64 MB), whatever the model
-size.
+public Hub checkpoints, and every value is a pure function of ``(seed, tensor name, shape)``: each
+tensor is cut into independently seeded blocks filled by a thread pool (see
+:mod:`sglang.testing.weight_gen`), so the bytes do not depend on the thread count.  The
+safetensors files are streamed block by block while the next blocks (and the next shard) are
+being generated; memory stays at a few blocks per thread, whatever the model size.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
 import os
 import shutil
 import struct
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -44,31 +41,31 @@ from sglang.testing.presets import (
     get_preset,
     resolve_dtype,
 )
+from sglang.testing.weight_gen import (  # noqa: F401  (re-exported: the public names of this module)
+    BIAS,
+    EMBED,
+    NORM,
+    VOCAB,
+    WEIGHT,
+    TensorSpec,
+    default_threads,
+    float32_to_bf16_bits,
+    iter_blocks,
+    iter_tensor_chunks,
+    tensor_seed,
+)
 
-GENERATOR_VERSION = 2
+_float32_to_bf16_bits = float32_to_bf16_bits
+
+# Bump whenever the bytes of a generated model change (values, layout, file set): folders made by
+# another version are regenerated.  3: blocked, parallel SFC64 generation.
+GENERATOR_VERSION = 3
 DEFAULT_MAX_SHARD_BYTES = 2_000_000_000  # ~2 GB per shard
-CHUNK_ELEMS = 1 << 24  # values drawn per chunk (64 MB of float32)
 STAMP_FILE = "sglang_make_model.json"
 SAFE_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 _ST_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-# Tensor kinds (select the init distribution).
-WEIGHT, EMBED, BIAS, NORM = "weight", "embed", "bias", "norm"
-VOCAB = "vocab"  # token embedding / lm_head: rows indexed by token id
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    kind: str
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
 
 
 # ----------------------------------------------------------------------------- enumeration
@@ -198,83 +195,6 @@ def count_parameters(preset: str | ModelPreset, part: str = "all") -> int:
 # ----------------------------------------------------------------------------- values
 
 
-def tensor_seed(seed: int, name: str) -> int:
-    """Stable 128-bit seed for one tensor (independent of Python's hash randomization)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:16], "little")
-
-
-def _float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even float32 -> bfloat16, returned as uint16 bit patterns (finite input)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
-    return (rounded >> np.uint32(16)).astype(np.uint16)
-
-
-def _encode(values: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "float32":
-        return values.astype(np.float32, copy=False)
-    if dtype == "float16":
-        return values.astype(np.float16)
-    if dtype == "bfloat16":
-        return _float32_to_bf16_bits(values)
-    raise ValueError(dtype)
-
-
-def _scale(spec: TensorSpec, preset: ModelPreset) -> tuple[float, float]:
-    """(mean, std) for the tensor's kind."""
-    init = preset.init
-    if spec.kind == WEIGHT:
-        return 0.0, init.weight_std
-    if spec.kind in (EMBED, VOCAB):
-        return 0.0, init.embed_std
-    if spec.kind == BIAS:
-        return 0.0, init.bias_std
-    if spec.kind == NORM:
-        return 1.0, init.norm_noise_std
-    raise ValueError(spec.kind)
-
-
-def _vocab_row_std(p: ModelPreset, vocab: int, std: float) -> np.ndarray:
-    """Per-row std of a vocabulary matrix: ids the tokenizer never produces (reserved fillers and the
-    padding past the added tokens) get `unused_vocab_scale` of it, so a random model's greedy output
-    is mostly real tokens rather than `<|reserved_N|>` fillers."""
-    from sglang.testing.tokenizer_builder import added_tokens, trained_vocab_size
-
-    out = np.full(vocab, std * p.init.unused_vocab_scale, dtype=np.float32)
-    out[: trained_vocab_size()] = std
-    for tid, _, _ in added_tokens(p.family):
-        if tid < vocab:
-            out[tid] = std
-    return out
-
-
-def iter_tensor_chunks(spec: TensorSpec, preset: str | ModelPreset, seed: int, dtype: str) -> Iterator[np.ndarray]:
-    """Yield the tensor's encoded values (flat, C order) in deterministic chunks.
-
-    float32/float16 chunks have that numpy dtype; bfloat16 chunks are uint16 bit patterns.
-    """
-    p = get_preset(preset)
-    mean, std = _scale(spec, p)
-    rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, spec.name)))
-    total = spec.numel
-    row = math.prod(spec.shape[1:]) if len(spec.shape) > 1 else 1
-    per_chunk = max(1, CHUNK_ELEMS // row) * row  # whole rows per chunk
-    row_std = _vocab_row_std(p, spec.shape[0], std) if spec.kind == VOCAB else None
-    done = 0
-    while done < total:
-        n = min(per_chunk, total - done)
-        vals = rng.standard_normal(n, dtype=np.float32)
-        if row_std is None:
-            vals *= np.float32(std)
-        else:
-            r0 = done // row
-            vals = (vals.reshape(-1, row) * row_std[r0 : r0 + n // row, None]).reshape(-1)
-        if mean:
-            vals += np.float32(mean)
-        yield _encode(vals, dtype)
-        done += n
-
-
 def generate_tensor(preset: str | ModelPreset, name: str, seed: int = 0, dtype: str | None = None):
     """One tensor as a ``torch.Tensor`` (exactly the values written to disk)."""
     import torch
@@ -295,22 +215,19 @@ def generate_tensor(preset: str | ModelPreset, name: str, seed: int = 0, dtype: 
 # ----------------------------------------------------------------------------- safetensors
 
 
-def _nbytes(spec: TensorSpec, dtype: str) -> int:
-    return spec.numel * _ITEMSIZE[dtype]
-
-
 def _write_safetensors(
     path: Path,
     specs: list[TensorSpec],
     dtype: str,
-    chunks: Callable[[TensorSpec], Iterable[np.ndarray]],
+    blocks: Iterator[tuple[TensorSpec, np.ndarray]],
     on_bytes: Callable[[int], None] | None = None,
 ) -> None:
-    """Stream tensors into a safetensors file without materializing them."""
+    """Stream ``specs`` into a safetensors file, taking their encoded blocks from ``blocks`` (in
+    file order; the iterator goes on into the next shard's tensors) without materializing them."""
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for s in specs:
-        n = _nbytes(s, dtype)
+        n = s.nbytes(dtype)
         header[s.name] = {"dtype": _ST_DTYPE[dtype], "shape": list(s.shape), "data_offsets": [offset, offset + n]}
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -320,15 +237,19 @@ def _write_safetensors(
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for s in specs:
-            written = 0
-            for chunk in chunks(s):
-                b = chunk.tobytes() if sys.byteorder == "little" else chunk.byteswap().tobytes()
-                f.write(b)
-                written += len(b)
+            want, written = s.nbytes(dtype), 0
+            while written < want:
+                spec, block = next(blocks, (None, None))
+                if spec is None or spec.name != s.name:
+                    raise RuntimeError(f"{s.name}: got a block of {spec and spec.name} after {written} of {want} bytes")
+                if sys.byteorder != "little":
+                    block = block.byteswap()
+                f.write(memoryview(block).cast("B"))
+                written += block.nbytes
                 if on_bytes is not None:
-                    on_bytes(len(b))
-            if written != _nbytes(s, dtype):
-                raise RuntimeError(f"{s.name}: wrote {written} bytes, expected {_nbytes(s, dtype)}")
+                    on_bytes(block.nbytes)
+            if written != want:
+                raise RuntimeError(f"{s.name}: wrote {written} bytes, expected {want}")
     os.replace(tmp, path)
 
 
@@ -337,13 +258,47 @@ def plan_shards(specs: list[TensorSpec], dtype: str, max_shard_bytes: int) -> li
     shards: list[list[TensorSpec]] = [[]]
     size = 0
     for s in specs:
-        n = _nbytes(s, dtype)
+        n = s.nbytes(dtype)
         if shards[-1] and size + n > max_shard_bytes:
             shards.append([])
             size = 0
         shards[-1].append(s)
         size += n
     return shards
+
+
+def _write_weights(
+    out: Path, p: ModelPreset, seed: int, dtype: str, max_shard_bytes: int, threads: int, progress: bool
+) -> list[str]:
+    """Write the weight files (and the index when sharded); returns their names."""
+    specs = tensor_specs(p)
+    shards = plan_shards(specs, dtype, max_shard_bytes)
+    total_bytes = sum(s.nbytes(dtype) for s in specs)
+    bar = _progress_bar(total_bytes, f"{p.name} weights", progress and not p.tiny)
+    on_bytes = bar.update if bar is not None else None
+    blocks = iter_blocks(specs, p, seed, dtype, threads)
+    try:
+        if len(shards) == 1:
+            _write_safetensors(out / SINGLE_FILE, shards[0], dtype, blocks, on_bytes)
+            return [SINGLE_FILE]
+        n = len(shards)
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards, start=1):
+            fname = f"model-{i:05d}-of-{n:05d}.safetensors"
+            if bar is not None:
+                bar.set_description(f"{p.name} shard {i}/{n}")
+            _write_safetensors(out / fname, shard, dtype, blocks, on_bytes)
+            weight_map.update({s.name: fname for s in shard})
+    finally:
+        blocks.close()
+        if bar is not None:
+            bar.close()
+    index = {
+        "metadata": {"total_size": total_bytes, "total_parameters": sum(s.numel for s in specs)},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    _write_json(out / SAFE_INDEX, index)
+    return sorted(set(weight_map.values())) + [SAFE_INDEX]
 
 
 # ----------------------------------------------------------------------------- model dir
@@ -387,57 +342,35 @@ def make_model(
     dtype: str | None = None,
     progress: bool = True,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    threads: int | None = None,
 ) -> Path:
     """Write the model directory for ``preset`` into ``out_dir`` and return its path.
 
     ``progress``: show a tqdm bar (only for presets that take a while, i.e. non-tiny ones).
     ``max_shard_bytes``: shard limit; weights above it are split into ``model-0000i-of-0000n``.
+    ``threads``: generator threads (default: the CPUs this process may use); the bytes do not
+    depend on it.
     """
     from sglang.testing.tokenizer_builder import write_tokenizer_files
 
     p = get_preset(preset)
     d = resolve_dtype(p, dtype)
     seed = int(seed)
+    threads = default_threads() if threads is None else int(threads)
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be positive")
+    if threads < 1:
+        raise ValueError("threads must be >= 1")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     # Remove weights of an earlier run so a stale shard set can never be picked up.
-    for old in list(out.glob("model*.safetensors")) + [out / SAFE_INDEX, out / STAMP_FILE]:
+    stale = list(out.glob("model*.safetensors")) + list(out.glob("*.partial"))
+    for old in stale + [out / SAFE_INDEX, out / STAMP_FILE]:
         if old.exists():
             old.unlink()
 
-    specs = tensor_specs(p)
-    shards = plan_shards(specs, d, max_shard_bytes)
-    total_bytes = sum(_nbytes(s, d) for s in specs)
-    bar = _progress_bar(total_bytes, f"{p.name} weights", progress and not p.tiny)
-    on_bytes = bar.update if bar is not None else None
-
-    def chunks(s: TensorSpec):
-        return iter_tensor_chunks(s, p, seed, d)
-
-    try:
-        if len(shards) == 1:
-            _write_safetensors(out / SINGLE_FILE, shards[0], d, chunks, on_bytes)
-        else:
-            n = len(shards)
-            weight_map: dict[str, str] = {}
-            for i, shard in enumerate(shards, start=1):
-                fname = f"model-{i:05d}-of-{n:05d}.safetensors"
-                if bar is not None:
-                    bar.set_description(f"{p.name} shard {i}/{n}")
-                _write_safetensors(out / fname, shard, d, chunks, on_bytes)
-                weight_map.update({s.name: fname for s in shard})
-            index = {
-                "metadata": {"total_size": total_bytes, "total_parameters": sum(s.numel for s in specs)},
-                "weight_map": dict(sorted(weight_map.items())),
-            }
-            _write_json(out / SAFE_INDEX, index)
-    finally:
-        if bar is not None:
-            bar.close()
-
+    _write_weights(out, p, seed, d, max_shard_bytes, threads, progress)
     _write_json(out / "config.json", build_config_dict(p, d))
     _write_json(out / "generation_config.json", build_generation_config(p))
     _write_json(out / "preprocessor_config.json", build_preprocessor_config(p))
@@ -467,6 +400,7 @@ def ensure_model(
     seed: int = 0,
     dtype: str | None = None,
     progress: bool = True,
+    threads: int | None = None,
 ) -> Path:
     """Return ``<cache_dir>/<preset>-seed<seed>`` (with a ``-<dtype>`` suffix for a non-default
     dtype), generating it on first use.
@@ -487,7 +421,7 @@ def ensure_model(
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache))
     try:
-        make_model(p, tmp, seed=seed, dtype=d, progress=progress)
+        make_model(p, tmp, seed=seed, dtype=d, progress=progress, threads=threads)
         os.chmod(tmp, 0o755)
         if final.exists() and not _stamp_ok(final, expected):
             # Stale (older generator version) or half-baked by hand: move it out of the way.
@@ -523,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="output directory")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the preset's)")
+    ap.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="generator threads (default: the CPUs this process may use, here %d); "
+                    "the bytes do not depend on it" % default_threads())
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--list", action="store_true", help="list presets with parameter counts and exit")
     ap.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES, help=argparse.SUPPRESS)
@@ -534,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.preset or not args.out:
         ap.error("--preset and --out are required")
+    if args.threads is not None and args.threads < 1:
+        ap.error("--threads must be >= 1")
     out = make_model(
         args.preset,
         args.out,
@@ -541,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         progress=not args.no_progress,
         max_shard_bytes=args.max_shard_bytes,
+        threads=args.threads,
     )
     print(out)
     return 0
