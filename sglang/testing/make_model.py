@@ -7,7 +7,13 @@ Writes a Hugging Face format model directory that transformers 5.x loads as is::
 Files: ``config.json``, ``generation_config.json``, ``preprocessor_config.json``,
 ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``
 when the weights exceed the shard size, ~2 GB), ``tokenizer.json``, ``tokenizer_config.json``,
-``special_tokens_map.json``, ``chat_template.jinja``.
+``special_tokens_map.json``, ``chat_template.jinja``, ``sglang_make_model.json`` (what made it) and,
+written last, ``.make_model_manifest.json`` (see :mod:`sglang.testing.model_manifest`).
+
+Reuse: when the output folder already holds a complete model of the same preset, seed, dtype,
+shard limit and generator version (its manifest matches and every listed file has its recorded
+size), nothing is regenerated; anything missing, mismatched or left half-written by a killed run
+regenerates the folder, and ``force=True`` (``--force``) always does.
 
 Weights are enumerated from the preset (no transformers needed) with the tensor names of the
 public Hub checkpoints, and every value is a pure function of ``(seed, tensor name, shape)``: each
@@ -26,12 +32,15 @@ import shutil
 import struct
 import sys
 import tempfile
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
+from sglang.testing import model_manifest
 from sglang.testing.presets import (
     PRESETS,
     ModelPreset,
@@ -58,12 +67,13 @@ from sglang.testing.weight_gen import (  # noqa: F401  (re-exported: the public 
 _float32_to_bf16_bits = float32_to_bf16_bits
 
 # Bump whenever the bytes of a generated model change (values, layout, file set): folders made by
-# another version are regenerated.  3: blocked, parallel SFC64 generation.
+# another version are regenerated instead of reused.  3: blocked, parallel SFC64 generation.
 GENERATOR_VERSION = 3
 DEFAULT_MAX_SHARD_BYTES = 2_000_000_000  # ~2 GB per shard
 STAMP_FILE = "sglang_make_model.json"
 SAFE_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+MANIFEST_FILE = model_manifest.MANIFEST_FILE
 
 _ST_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
@@ -312,7 +322,8 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def _stamp(p: ModelPreset, seed: int, dtype: str) -> dict:
+def _identity(p: ModelPreset, seed: int, dtype: str, max_shard_bytes: int) -> dict:
+    """Everything that changes the bytes of the output folder (and nothing else: not the threads)."""
     from sglang.testing.tokenizer_builder import TOKENIZER_VERSION
 
     return {
@@ -320,8 +331,10 @@ def _stamp(p: ModelPreset, seed: int, dtype: str) -> dict:
         "generator_version": GENERATOR_VERSION,
         "tokenizer_version": TOKENIZER_VERSION,
         "preset": p.name,
+        "preset_digest": model_manifest.preset_digest(p),
         "seed": int(seed),
         "dtype": dtype,
+        "max_shard_bytes": int(max_shard_bytes),
     }
 
 
@@ -335,7 +348,17 @@ def _progress_bar(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
 
 
-def make_model(
+@dataclass(frozen=True)
+class MakeResult:
+    path: Path
+    reused: bool  # the folder already held this model: nothing was written
+    reason: str  # why it was (re)generated; "" when reused
+    manifest: dict
+    seconds: float
+    threads: int
+
+
+def build_model(
     preset: str | ModelPreset,
     out_dir: str | os.PathLike,
     seed: int = 0,
@@ -343,16 +366,12 @@ def make_model(
     progress: bool = True,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     threads: int | None = None,
-) -> Path:
-    """Write the model directory for ``preset`` into ``out_dir`` and return its path.
-
-    ``progress``: show a tqdm bar (only for presets that take a while, i.e. non-tiny ones).
-    ``max_shard_bytes``: shard limit; weights above it are split into ``model-0000i-of-0000n``.
-    ``threads``: generator threads (default: the CPUs this process may use); the bytes do not
-    depend on it.
-    """
+    force: bool = False,
+) -> MakeResult:
+    """:func:`make_model`, returning whether the folder was reused and why not."""
     from sglang.testing.tokenizer_builder import write_tokenizer_files
 
+    t0 = time.perf_counter()
     p = get_preset(preset)
     d = resolve_dtype(p, dtype)
     seed = int(seed)
@@ -362,21 +381,59 @@ def make_model(
     if threads < 1:
         raise ValueError("threads must be >= 1")
     out = Path(out_dir)
+    identity = _identity(p, seed, d, max_shard_bytes)
+    if force:
+        reason = "forced"
+    else:
+        found, reason = model_manifest.check(out, identity)
+        if found is not None:
+            return MakeResult(out, True, "", found, time.perf_counter() - t0, threads)
     out.mkdir(parents=True, exist_ok=True)
 
-    # Remove weights of an earlier run so a stale shard set can never be picked up.
+    # The manifest goes first, so a run killed from here on leaves a folder that is never reused;
+    # then the weights of an earlier run, so a stale shard set can never be picked up.
+    model_manifest.remove(out)
     stale = list(out.glob("model*.safetensors")) + list(out.glob("*.partial"))
     for old in stale + [out / SAFE_INDEX, out / STAMP_FILE]:
         if old.exists():
             old.unlink()
 
-    _write_weights(out, p, seed, d, max_shard_bytes, threads, progress)
-    _write_json(out / "config.json", build_config_dict(p, d))
-    _write_json(out / "generation_config.json", build_generation_config(p))
-    _write_json(out / "preprocessor_config.json", build_preprocessor_config(p))
-    write_tokenizer_files(out, p.family, model_max_length=p.text.max_position_embeddings)
-    _write_json(out / STAMP_FILE, _stamp(p, seed, d))
-    return out
+    files = _write_weights(out, p, seed, d, max_shard_bytes, threads, progress)
+    for name, obj in [
+        ("config.json", build_config_dict(p, d)),
+        ("generation_config.json", build_generation_config(p)),
+        ("preprocessor_config.json", build_preprocessor_config(p)),
+    ]:
+        _write_json(out / name, obj)
+        files.append(name)
+    tok = write_tokenizer_files(out, p.family, model_max_length=p.text.max_position_embeddings)
+    files += [Path(f).name for f in tok]
+    _write_json(out / STAMP_FILE, identity)
+    files.append(STAMP_FILE)
+    manifest = model_manifest.write(out, identity, files)  # last: the folder is complete
+    return MakeResult(out, False, reason, manifest, time.perf_counter() - t0, threads)
+
+
+def make_model(
+    preset: str | ModelPreset,
+    out_dir: str | os.PathLike,
+    seed: int = 0,
+    dtype: str | None = None,
+    progress: bool = True,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    threads: int | None = None,
+    force: bool = False,
+) -> Path:
+    """Write the model directory for ``preset`` into ``out_dir`` and return its path.
+
+    When ``out_dir`` already holds the complete model of this preset, seed, dtype, shard limit and
+    generator version (see :mod:`sglang.testing.model_manifest`), it is returned untouched, unless
+    ``force``.  ``progress``: show a tqdm bar (only for presets that take a while, i.e. non-tiny
+    ones).  ``max_shard_bytes``: shard limit; weights above it are split into
+    ``model-0000i-of-0000n``.  ``threads``: generator threads (default: the CPUs this process may
+    use); the bytes do not depend on it.
+    """
+    return build_model(preset, out_dir, seed, dtype, progress, max_shard_bytes, threads, force).path
 
 
 def default_cache_dir() -> Path:
@@ -384,14 +441,6 @@ def default_cache_dir() -> Path:
 
     env = envs.SGLANG_MODEL_CACHE.get()
     return Path(env).expanduser() if env else Path("~/.cache/sglang/models").expanduser()
-
-
-def _stamp_ok(path: Path, expected: dict) -> bool:
-    try:
-        with open(path / STAMP_FILE, encoding="utf-8") as f:
-            return json.load(f) == expected
-    except (OSError, ValueError):
-        return False
 
 
 def ensure_model(
@@ -403,7 +452,7 @@ def ensure_model(
     threads: int | None = None,
 ) -> Path:
     """Return ``<cache_dir>/<preset>-seed<seed>`` (with a ``-<dtype>`` suffix for a non-default
-    dtype), generating it on first use.
+    dtype), generating it on first use (and again when its manifest no longer matches).
 
     The model is written into a temporary sibling directory and renamed into place, so a
     half-written model is never visible; concurrent callers race benignly (one rename wins).
@@ -415,15 +464,19 @@ def ensure_model(
     cache.mkdir(parents=True, exist_ok=True)
     name = f"{p.name}-seed{int(seed)}" + ("" if d == p.default_dtype else f"-{d}")
     final = cache / name
-    expected = _stamp(p, seed, d)
-    if _stamp_ok(final, expected):
+    identity = _identity(p, seed, d, DEFAULT_MAX_SHARD_BYTES)
+
+    def complete() -> bool:
+        return model_manifest.check(final, identity)[0] is not None
+
+    if complete():
         return final
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache))
     try:
         make_model(p, tmp, seed=seed, dtype=d, progress=progress, threads=threads)
         os.chmod(tmp, 0o755)
-        if final.exists() and not _stamp_ok(final, expected):
+        if final.exists() and not complete():
             # Stale (older generator version) or half-baked by hand: move it out of the way.
             trash = cache / f".{name}.stale-{uuid.uuid4().hex}"
             try:
@@ -435,7 +488,7 @@ def ensure_model(
         try:
             os.rename(tmp, final)
         except OSError:
-            if _stamp_ok(final, expected):  # another process won the race
+            if complete():  # another process won the race
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final
             raise
@@ -447,19 +500,30 @@ def ensure_model(
 
 # ----------------------------------------------------------------------------- CLI
 
+_EPILOG = f"""\
+reuse: when --out already holds a complete model made by this generator version from the
+same preset, seed, dtype and shard limit (its {MANIFEST_FILE}, written last,
+matches, and every file it lists is there with its recorded size), nothing is rewritten and
+one line 'reused DIR ...' is printed; anything missing, changed or half-written (a killed run
+leaves no manifest) regenerates the model files of DIR.  --force always regenerates.
+--threads changes the speed, never the bytes.
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m sglang.testing.make_model",
         description="Write a deterministic random-weight Qwen-VL model in Hugging Face format.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--preset", choices=sorted(PRESETS), help="model preset")
-    ap.add_argument("--out", help="output directory")
+    ap.add_argument("--out", help="output directory (reused as is when it already holds this model)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the preset's)")
     ap.add_argument("--threads", type=int, default=None, metavar="N",
-                    help="generator threads (default: the CPUs this process may use, here %d); "
-                    "the bytes do not depend on it" % default_threads())
+                    help=f"generator threads (default: the CPUs this process may use, here {default_threads()})")
+    ap.add_argument("--force", action="store_true", help="regenerate even when --out already holds this model")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--list", action="store_true", help="list presets with parameter counts and exit")
     ap.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES, help=argparse.SUPPRESS)
@@ -473,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--preset and --out are required")
     if args.threads is not None and args.threads < 1:
         ap.error("--threads must be >= 1")
-    out = make_model(
+    r = build_model(
         args.preset,
         args.out,
         seed=args.seed,
@@ -481,8 +545,16 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.no_progress,
         max_shard_bytes=args.max_shard_bytes,
         threads=args.threads,
+        force=args.force,
     )
-    print(out)
+    m = r.manifest
+    what = f"preset {m['preset']}, seed {m['seed']}, {m['dtype']}, generator v{m['generator_version']}"
+    if r.reused:
+        print(f"reused {r.path} ({what}, manifest {m['manifest_hash'][:12]}; --force regenerates)")
+    else:
+        gb = sum(e["size"] for n, e in m["files"].items() if n.endswith(".safetensors")) / 1e9
+        print(f"wrote {r.path} ({what}, {gb:.2f} GB of weights in {r.seconds:.1f} s on {r.threads} thread(s); "
+              f"regenerated because: {r.reason})")
     return 0
 
 
