@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang.srt.managers.io_struct import FinishReason
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, build_forward_batch, compute_positions
+from sglang.srt.model_executor.forward_batch_info import (
+    ForwardBatch,
+    ForwardMode,
+    build_forward_batch,
+    compute_positions,
+    mrope_delta,
+)
 from sglang.srt.multimodal.mm_types import MultimodalInputs
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -139,11 +145,13 @@ class ScheduleBatch:
 
     def to_forward_batch(self, device, stage_timer_on: bool = False) -> ForwardBatch:
         ids: list[int] = []
-        pos: list[torch.Tensor] = []
         seq_lens: list[int] = []
         rows: list[int] = []
+        positions: torch.Tensor | None = None
+        deltas: list[int] | None = None
         self.input_logprob_owners = []
         if self.mode.is_extend():
+            pos: list[torch.Tensor] = []
             for i, (r, pre, n) in enumerate(zip(self.reqs, self.prefix_lens, self.extend_lens)):
                 for q in r.input_logprob_positions(pre, pre + n):
                     rows.append(len(ids) + q - pre)
@@ -151,15 +159,14 @@ class ScheduleBatch:
                 ids += r.model_input_ids(pre, pre + n)
                 pos.append(r.positions(pre, pre + n))
                 seq_lens.append(pre + n)
-        else:
-            for r in self.reqs:
-                n = r.kv_len  # the new token's KV slot is already appended
-                ids.append(r.output_ids[-1])
-                pos.append(r.positions(n - 1, n))
-                seq_lens.append(n)
+            positions = torch.cat(pos, dim=1)
+        else:  # host ints only: positions are seq_len - 1 + delta, made on the device
+            ids = [r.output_ids[-1] for r in self.reqs]
+            seq_lens = [r.kv_len for r in self.reqs]  # the new token's KV slot is already appended
+            deltas = [mrope_delta(r.mm_inputs) for r in self.reqs]
         return build_forward_batch(
-            self.mode, ids, torch.cat(pos, dim=1), [r.req_pool_idx for r in self.reqs], seq_lens,
-            self.out_cache_loc, device, self.extend_lens, self.prefix_lens,
+            self.mode, ids, positions, [r.req_pool_idx for r in self.reqs], seq_lens,
+            self.out_cache_loc, device, self.extend_lens, self.prefix_lens, mrope_deltas=deltas,
             mm_inputs=[r.mm_inputs for r in self.reqs] if self.mode.is_extend() else [],
             rids=[r.rid for r in self.reqs],
             stage_timings=[r.stage_timings_ms for r in self.reqs] if stage_timer_on else None,

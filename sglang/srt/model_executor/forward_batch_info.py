@@ -27,12 +27,13 @@ class ForwardMode(IntEnum):
 @dataclass
 class ForwardBatch:
     """Built once per step by `build_forward_batch`: every device tensor below is a view into one
-    buffer copied from the host in a single (pinned, non-blocking on CUDA) transfer, and every length
-    the forward needs is also here as a host int, so nothing inside the model reads a device value."""
+    buffer copied from the host in a single (pinned, non-blocking on CUDA) transfer (decode positions:
+    one add over two such views), and every length the forward needs is also here as a host int, so
+    nothing inside the model reads a device value."""
 
     forward_mode: ForwardMode
     input_ids: torch.Tensor  # (T,) flattened over requests; image tokens keep the image token id
-    positions: torch.Tensor  # (3, T) M-RoPE positions (text tokens: the same value on all three rows)
+    positions: torch.Tensor  # (3, T) M-RoPE positions (text tokens: the same value on all three rows; may be an expanded view)
     req_pool_indices: torch.Tensor  # (B,)
     seq_lens: torch.Tensor  # (B,) total tokens per request after this step
     out_cache_loc: torch.Tensor  # (T,) KV slots the new tokens are written to
@@ -84,25 +85,37 @@ def _cumsum0(xs: list[int]) -> list[int]:
 def build_forward_batch(
     mode: ForwardMode,
     input_ids: list[int],
-    positions: torch.Tensor,
+    positions: torch.Tensor | None,
     req_pool_indices: list[int],
     seq_lens: list[int],
     out_cache_loc: torch.Tensor,
     device: torch.device | str,
     extend_lens: list[int] | None = None,
     prefix_lens: list[int] | None = None,
+    mrope_deltas: list[int] | None = None,
     **fields,
 ) -> ForwardBatch:
     """The one place a ForwardBatch is made (scheduler and static runner alike). `positions` (3, T)
     and `out_cache_loc` (T,) are host tensors; all per-step metadata is packed into one int64 host
-    buffer and moved with one copy (pinned and non-blocking when the device is CUDA)."""
+    buffer and moved with one copy (pinned and non-blocking when the device is CUDA).
+
+    DECODE may pass `positions=None` with each request's M-RoPE delta (`mrope_deltas`, host ints,
+    default 0): the new token's position is then seq_len - 1 + delta, one vector op on the device
+    over the whole batch (the same value on the three M-RoPE rows), as upstream computes it; no
+    per-request host tensor is made."""
     device = torch.device(device)
     b, t = len(seq_lens), len(input_ids)
     q_lens = list(extend_lens) if mode.is_extend() else [1] * b
     qo_indptr = _cumsum0(q_lens)
+    if positions is None:
+        if not mode.is_decode():
+            raise ValueError("EXTEND batches need their positions (prompt tokens take the processor's)")
+        pos_part = torch.as_tensor([d - 1 for d in mrope_deltas] if mrope_deltas else [-1] * b, dtype=torch.int64)
+    else:
+        pos_part = positions.to(torch.int64).reshape(-1)
     parts = [
         torch.as_tensor(input_ids, dtype=torch.int64),
-        positions.to(torch.int64).reshape(-1),
+        pos_part,
         torch.as_tensor(req_pool_indices, dtype=torch.int64),
         torch.as_tensor(seq_lens, dtype=torch.int64),
         out_cache_loc.to(torch.int64).reshape(-1),
@@ -118,7 +131,7 @@ def build_forward_batch(
     return ForwardBatch(
         forward_mode=mode,
         input_ids=views[0],
-        positions=views[1].view(3, t),
+        positions=views[1].view(3, t) if positions is not None else (views[3] + views[1]).unsqueeze(0).expand(3, b),
         req_pool_indices=views[2],
         seq_lens=views[3],
         out_cache_loc=views[4],
@@ -135,11 +148,17 @@ def build_forward_batch(
     )
 
 
+def mrope_delta(mm_inputs) -> int:
+    """A request's M-RoPE position delta (0 for text): the token at index i past the prompt sits at
+    position i + delta on all three rows."""
+    return 0 if mm_inputs is None else int(mm_inputs.mrope_position_delta)
+
+
 def compute_positions(mm_inputs, prompt_len: int, start: int, end: int) -> torch.Tensor:
     """(3, end-start) M-RoPE positions of a request's tokens [start, end). Prompt tokens take the
     processor's positions; later tokens (outputs, or outputs re-prefilled after a retraction)
     continue as text: index + the request's position delta."""
-    delta = 0 if mm_inputs is None else int(mm_inputs.mrope_position_delta)
+    delta = mrope_delta(mm_inputs)
     out = torch.arange(start, end, dtype=torch.int64).unsqueeze(0).repeat(3, 1) + delta
     if mm_inputs is not None and mm_inputs.mrope_positions is not None and start < prompt_len:
         stop = min(end, prompt_len)

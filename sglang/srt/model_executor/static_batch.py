@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, build_forward_batch, compute_positions
+from sglang.srt.model_executor.forward_batch_info import (
+    ForwardBatch,
+    ForwardMode,
+    build_forward_batch,
+    compute_positions,
+    mrope_delta,
+)
 
 
 _seq_ids = itertools.count()
@@ -86,16 +92,28 @@ class StaticBatchRunner:
         return self.runner.forward(self.decode_batch(seqs, tokens)).next_token_logits
 
     def decode_batch(self, seqs: list[StaticSeq], tokens: list[int]) -> ForwardBatch:
-        """Appends each token's KV slot and returns the decode step's batch (not yet run)."""
-        ids, pos, locs, seq_lens = [], [], [], []
-        for s, t in zip(seqs, tokens):
-            locs.append(self._alloc(s, 1))
-            ids.append(t)
-            pos.append(s.positions(s.kv_len, s.kv_len + 1))
-            seq_lens.append(s.kv_len + 1)
+        """Appends each token's KV slot and returns the decode step's batch (not yet run). The batch's
+        slots come from one allocation; positions are made on the device from the sequence lengths
+        and M-RoPE deltas (host ints), so the step makes no tensor per sequence beyond its table write."""
+        if self.runner.allocator.page_size != 1:  # a fresh page per sequence: one allocation each
+            locs = torch.cat([self._alloc(s, 1) for s in seqs])
+        else:
+            locs = self.runner.allocator.alloc(len(seqs))
+            if locs is None:
+                raise RuntimeError(f"KV pool exhausted: need {len(seqs)} slots, "
+                                   f"{self.runner.allocator.available_size()} free")
+            pool = self.runner.req_to_token_pool
+            for s, loc in zip(seqs, locs.split(1)):
+                pool.write(s.req_pool_idx, s.kv_len, loc)
+                s.slots.append(loc)
+        seq_lens = []
         for s in seqs:
             s.kv_len += 1
-        return self._batch(ForwardMode.DECODE, seqs, ids, pos, locs, seq_lens)
+            seq_lens.append(s.kv_len)
+        return build_forward_batch(
+            ForwardMode.DECODE, list(tokens), None, [s.req_pool_idx for s in seqs], seq_lens, locs,
+            self.runner.device, mrope_deltas=[mrope_delta(s.mm_inputs) for s in seqs], rids=[s.rid for s in seqs],
+        )
 
     def generate_greedy(self, seqs: list[StaticSeq], max_new_tokens: int, chunk_size: int | None = None,
                         stop_ids: tuple[int, ...] = ()) -> list[list[int]]:
@@ -115,9 +133,10 @@ class StaticBatchRunner:
         return [s.output_ids for s in seqs]
 
     def release(self, seqs: list[StaticSeq]) -> None:
+        slots = [loc for s in seqs for loc in s.slots]
+        if slots:
+            self.runner.allocator.free(torch.cat(slots))  # one free (and one unique) for the whole batch
         for s in seqs:
-            for loc in s.slots:
-                self.runner.allocator.free(loc)
             s.slots.clear()
             if s.req_pool_idx >= 0:
                 self.runner.req_to_token_pool.free(s.req_pool_idx)
