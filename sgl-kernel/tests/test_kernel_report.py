@@ -134,3 +134,24 @@ def test_cli_writes_json_rows(tmp_path):
     assert [r["kernel"] for r in rows] == ["_gather_blend_kernel"]
     assert {"kernel", "head_dim", "registers", "spill_bytes", "shared_bytes", "mma", "min_load_bits"} <= set(rows[0])
     assert rows[0]["mma"] == "none"
+
+
+def test_float32_dots_use_tensor_cores_on_cuda_unless_asked_for_ieee():
+    import torch
+
+    from sgl_kernel.attention._common import dot_precision
+
+    assert dot_precision(torch.float32, on_cuda=True) == "tf32"
+    assert dot_precision(torch.float32, on_cuda=True, fp32_precision="ieee") == "ieee"
+    assert dot_precision(torch.float32, on_cuda=False, fp32_precision="tf32") == "ieee"  # the interpreter is exact
+    assert dot_precision(torch.bfloat16, on_cuda=True, fp32_precision="ieee") == "tf32"
+
+
+def test_unknown_fp32_precision_is_refused_before_any_launch():
+    import torch
+
+    from sgl_kernel.attention import varlen_attention_fwd
+
+    q = torch.zeros(4, 2, 16)
+    with pytest.raises(ValueError, match="fp32_precision"):
+        varlen_attention_fwd(q, q, q, torch.tensor([0, 4]), 4, 0.25, fp32_precision="fp64")

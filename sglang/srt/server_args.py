@@ -134,6 +134,10 @@ class ServerArgs:
     mm_attention_backend: str | None = field(default=None, metadata=_arg(
         "vision-tower attention: triton (one varlen kernel launch per layer for all images / windows; the "
         "default on CUDA) or sdpa (torch scaled_dot_product_attention per segment; the CPU default)"))
+    attention_fp32_precision: str = field(default="tf32", metadata=_arg(
+        "float32 matmuls inside our Triton attention kernels on CUDA (--dtype float32): tf32 (tensor cores; "
+        "exact float32 dots run on the FMA units and spill registers) or ieee (exact; what the parity tests "
+        "against transformers use). bf16/fp16 models and CPU are unaffected", choices=("tf32", "ieee")))
     enable_vit_ulysses_sp: bool = field(default=False, metadata=_arg(
         "vision tower with Ulysses sequence parallelism at --tp-size > 1: whole vision weights on every rank, "
         "the batch's patches split over the ranks, all-to-alls around attention instead of TP all-reduces "

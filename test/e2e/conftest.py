@@ -35,10 +35,10 @@ def _test_device() -> str:
     return envs.SGLANG_TEST_DEVICE.get()
 
 
-# Servers run on SGLANG_TEST_DEVICE (cpu by default; gpu_check.sh sets cuda), always in float32 so that
-# greedy tokens are compared exactly with transformers on the same device.
+# Servers run on SGLANG_TEST_DEVICE (cpu by default; gpu_check.sh sets cuda), always in float32 with exact
+# (ieee, not tf32) attention dots so that greedy tokens are compared exactly with transformers on the same device.
 TEST_DEVICE = _test_device()
-BASE_ARGS = ["--dtype", "float32", "--device", TEST_DEVICE, "--log-level", "warning"]
+BASE_ARGS = ["--dtype", "float32", "--device", TEST_DEVICE, "--log-level", "warning", "--attention-fp32-precision", "ieee"]
 
 
 

@@ -36,6 +36,7 @@ class TpModelWorker:
                 context_length=server_args.context_length,
                 attention_backend=lm_attention,
                 mm_attention_backend=mm_attention,
+                attention_fp32_precision=server_args.attention_fp32_precision,
                 cuda_graph=not server_args.disable_cuda_graph,
                 cuda_graph_max_bs=server_args.cuda_graph_max_bs,
                 cuda_graph_bs=server_args.cuda_graph_bs,

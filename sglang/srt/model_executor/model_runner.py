@@ -32,6 +32,7 @@ class ModelRunnerConfig:
     context_length: int | None = None
     attention_backend: str = "torch_native"
     mm_attention_backend: str = "sdpa"
+    attention_fp32_precision: str = "tf32"  # Triton attention on CUDA float32: tf32 or ieee
     cuda_graph: bool = False  # capture decode graphs (CUDA and a backend that supports them)
     cuda_graph_max_bs: int | None = None  # default: min(160, request-table rows)
     cuda_graph_bs: tuple[int, ...] | None = None
@@ -63,8 +64,9 @@ class ModelRunner:
             self.max_total_num_tokens + cfg.page_size - 1, num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, "cpu", cfg.page_size)  # host bookkeeping: slots reach the device with the step metadata
-        self.attn_backend = create_attention_backend(cfg.attention_backend)
-        configure_vision_attention(self.model, cfg.mm_attention_backend)
+        self.attn_backend = create_attention_backend(cfg.attention_backend,
+                                                     fp32_precision=cfg.attention_fp32_precision)
+        configure_vision_attention(self.model, cfg.mm_attention_backend, cfg.attention_fp32_precision)
         # switches resolved once here: the embedding strategy and its cache are fixed for the process
         self.mm_embedder = MultimodalEmbedder(MultimodalEmbedConfig.from_env())
         self.cuda_graph_runner = self._init_cuda_graphs()

@@ -81,9 +81,21 @@ def require_kernel(name: str, q: torch.Tensor) -> None:
         )
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision: exact ("ieee") for float32 inputs, tensor cores otherwise."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+FP32_PRECISIONS = ("tf32", "ieee")
+
+
+def check_fp32_precision(name: str, value: str) -> None:
+    if value not in FP32_PRECISIONS:
+        raise ValueError(f"{name}: fp32_precision must be one of {FP32_PRECISIONS}, got {value!r}")
+
+
+def dot_precision(dtype: torch.dtype, on_cuda: bool = True, fp32_precision: str = "tf32") -> str:
+    """tl.dot's input precision. Half-precision inputs always take the tensor cores. float32 on CUDA
+    takes them too (tf32) unless asked for "ieee": exact float32 dots run on the FMA units and spill
+    at head_dim 128 on sm_90a. The interpreter (CPU) always computes exactly."""
+    if dtype != torch.float32:
+        return "tf32"
+    return fp32_precision if on_cuda else "ieee"
 
 
 def stride_unit(strides, element_size: int) -> int:

@@ -124,7 +124,7 @@ def _decode_merge_kernel(
 def plan_decode(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, out: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_kv_splits: int, sm_scale: float,
-    mid_o: torch.Tensor, mid_lse: torch.Tensor, on_cuda: bool,
+    mid_o: torch.Tensor, mid_lse: torch.Tensor, on_cuda: bool, fp32_precision: str = "tf32",
 ) -> tuple[LaunchPlan, LaunchPlan]:
     """The two stages' launches (shapes, strides and dtypes only: meta tensors do). mid_o
     (B, Hq, S, BLOCK_D) and mid_lse (B, Hq, S) float32 come from `decode_workspace`."""
@@ -143,7 +143,7 @@ def plan_decode(
             stride_lb=mid_lse.stride(0), stride_lh=mid_lse.stride(1),
         ),
         dict(GROUP=group, NUM_SPLITS=num_kv_splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
-             BLOCK_N=64 if on_cuda else 16, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype)),
+             BLOCK_N=64 if on_cuda else 16, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype, on_cuda, fp32_precision)),
         dict(num_warps=4, num_stages=2) if on_cuda else {},
     )
     merge = LaunchPlan(
@@ -171,6 +171,7 @@ def decode_workspace(batch: int, hq: int, head_dim: int, num_kv_splits: int, dev
 def decode_attention_triton(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, out: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, num_kv_splits: int, sm_scale: float,
+    fp32_precision: str = "tf32",
 ) -> torch.Tensor:
     """Launches both stages; arguments already checked by `decode_attention_fwd`. q/out (B, Hq, D),
     k/v buffers (num_slots, Hk, D), unit stride along D."""
@@ -179,6 +180,6 @@ def decode_attention_triton(
         return out
     mid_o, mid_lse = decode_workspace(batch, hq, head_dim, num_kv_splits, q.device)
     for plan in plan_decode(q, k_buffer, v_buffer, out, kv_indptr, kv_indices, num_kv_splits, sm_scale,
-                            mid_o, mid_lse, q.is_cuda):
+                            mid_o, mid_lse, q.is_cuda, fp32_precision):
         plan.launch()
     return out

@@ -123,7 +123,7 @@ def _prefill_fwd_kernel(
     )
 
 
-def _blocks(head_dim: int, is_cuda: bool, max_q_len: int) -> tuple[int, int, int, dict]:
+def _blocks(head_dim: int, is_cuda: bool, max_q_len: int, elem_size: int = 2) -> tuple[int, int, int, dict]:
     """(BLOCK_M, BLOCK_N, BLOCK_D, launch options). tl.dot needs every block dim >= 16; tiny blocks on the
     interpreter keep CPU tests fast. On CUDA the query block follows the longest segment: Qwen2.5-VL's
     windowed vision layers attend at most 64 patches, and a 128-row block would be half padding."""
@@ -134,21 +134,22 @@ def _blocks(head_dim: int, is_cuda: bool, max_q_len: int) -> tuple[int, int, int
         return 64, 32, block_d, dict(num_warps=8, num_stages=1)
     if max_q_len <= 64:
         return 64, 64, block_d, dict(num_warps=4, num_stages=3 if block_d <= 64 else 2)
-    if block_d <= 64:
+    if block_d <= 64 and elem_size <= 2:
         return 128, 64, block_d, dict(num_warps=4, num_stages=3)
+    # float32 (tf32) tiles are twice the bytes: 8 warps, or the 64-wide heads spill at 4
     return 128, 64, block_d, dict(num_warps=8, num_stages=2)
 
 
 def plan_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     q_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor | None,
-    max_q_len: int, sm_scale: float, causal: bool, on_cuda: bool,
+    max_q_len: int, sm_scale: float, causal: bool, on_cuda: bool, fp32_precision: str = "tf32",
 ) -> LaunchPlan:
     """Grid, arguments, constexprs and options of one launch. Shapes, strides and dtypes only (meta
     tensors do): the machine-code report compiles exactly what a launch would."""
     batch = q_indptr.shape[0] - 1
     hq, hk, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    block_m, block_n, block_d, opts = _blocks(head_dim, on_cuda, max_q_len)
+    block_m, block_n, block_d, opts = _blocks(head_dim, on_cuda, max_q_len, q.element_size())
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                out.stride(0), out.stride(1))
     unit = stride_unit(strides, q.element_size())
@@ -164,7 +165,7 @@ def plan_prefill(
     constexprs = dict(
         HEAD_DIM=head_dim, STRIDE_UNIT=unit,
         GROUP=hq // hk, PAGED=kv_indices is not None, CAUSAL=causal,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype, on_cuda, fp32_precision),
     )
     grid = (triton.cdiv(max(max_q_len, 1), block_m), max(batch, 0), hq)
     return LaunchPlan(_prefill_fwd_kernel, grid, args, constexprs, opts)
@@ -173,11 +174,12 @@ def plan_prefill(
 def prefill_attention_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     q_indptr: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor | None,
-    max_q_len: int, sm_scale: float, causal: bool,
+    max_q_len: int, sm_scale: float, causal: bool, fp32_precision: str = "tf32",
 ) -> torch.Tensor:
     """Launches the kernel; arguments already checked by the public wrappers. q/out (T, Hq, D),
     k/v (rows, Hk, D), all with unit stride along D. kv_indices None means packed (varlen)."""
     if q_indptr.shape[0] <= 1 or max_q_len <= 0 or q.shape[0] == 0:
         return out
-    plan_prefill(q, k, v, out, q_indptr, kv_indptr, kv_indices, max_q_len, sm_scale, causal, q.is_cuda).launch()
+    plan_prefill(q, k, v, out, q_indptr, kv_indptr, kv_indices, max_q_len, sm_scale, causal, q.is_cuda,
+                 fp32_precision).launch()
     return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from sgl_kernel.attention._common import (
+    check_fp32_precision,
     check_heads,
     check_index,
     check_indptr,
@@ -52,8 +53,11 @@ def decode_attention_fwd(
     sm_scale: float,
     num_kv_splits: int = 8,
     out: torch.Tensor | None = None,
+    fp32_precision: str = "tf32",
 ) -> torch.Tensor:
-    """Triton split-KV kernel (CUDA, or CPU under TRITON_INTERPRET=1); see the module docstring."""
+    """Triton split-KV kernel (CUDA, or CPU under TRITON_INTERPRET=1); see the module docstring.
+    float32 inputs on CUDA use tf32 tensor cores unless `fp32_precision="ieee"` (always exact on CPU)."""
+    check_fp32_precision(_NAME, fp32_precision)
     _check(q, k_buffer, v_buffer, kv_indptr, kv_indices)
     if int(num_kv_splits) < 1:
         raise ValueError(f"{_NAME}: num_kv_splits must be >= 1, got {num_kv_splits}")
@@ -64,7 +68,7 @@ def decode_attention_fwd(
 
     return decode_attention_triton(
         unit_last_stride(q), unit_last_stride(k_buffer), unit_last_stride(v_buffer), out,
-        kv_indptr, kv_indices, splits, float(sm_scale),
+        kv_indptr, kv_indices, splits, float(sm_scale), fp32_precision,
     )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from sgl_kernel.attention._common import (
+    check_fp32_precision,
     check_heads,
     check_index,
     check_indptr,
@@ -57,9 +58,12 @@ def extend_attention_fwd(
     max_q_len: int,
     sm_scale: float,
     out: torch.Tensor | None = None,
+    fp32_precision: str = "tf32",
 ) -> torch.Tensor:
     """Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1); see the module docstring for shapes.
+    float32 inputs on CUDA use tf32 tensor cores unless `fp32_precision="ieee"` (always exact on CPU).
     Memory is O(T * Hq * D): no score matrix is materialized."""
+    check_fp32_precision(_NAME, fp32_precision)
     _check(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
     out = output(_NAME, q, out)
     require_kernel(_NAME, q)
@@ -68,6 +72,7 @@ def extend_attention_fwd(
     return prefill_attention_triton(
         unit_last_stride(q), unit_last_stride(k_buffer), unit_last_stride(v_buffer), out,
         qo_indptr, kv_indptr, kv_indices, int(max_q_len), float(sm_scale), causal=True,
+        fp32_precision=fp32_precision,
     )
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from sgl_kernel.attention._common import check_heads, check_indptr, output, require_kernel, unit_last_stride
+from sgl_kernel.attention._common import (
+    check_fp32_precision, check_heads, check_indptr, output, require_kernel, unit_last_stride,
+)
 
 _NAME = "varlen_attention_fwd"
 
@@ -36,9 +38,12 @@ def varlen_attention_fwd(
     max_seqlen: int,
     sm_scale: float,
     out: torch.Tensor | None = None,
+    fp32_precision: str = "tf32",
 ) -> torch.Tensor:
     """Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1); see the module docstring for shapes.
+    float32 inputs on CUDA use tf32 tensor cores unless `fp32_precision="ieee"` (always exact on CPU).
     Memory is O(N * Hq * D): no score matrix is materialized."""
+    check_fp32_precision(_NAME, fp32_precision)
     _check(q, k, v, cu_seqlens)
     out = output(_NAME, q, out)
     require_kernel(_NAME, q)
@@ -47,6 +52,7 @@ def varlen_attention_fwd(
     return prefill_attention_triton(
         unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), out,
         cu_seqlens, cu_seqlens, None, int(max_seqlen), float(sm_scale), causal=False,
+        fp32_precision=fp32_precision,
     )
 
 

@@ -26,12 +26,13 @@ class TritonAttnBackend(AttentionBackend):
     # decode reads only fixed-shape tensors given a slot-list buffer: CudaGraphRunner fills one per step
     supports_cuda_graph = True
 
-    def __init__(self, num_kv_splits: int = 8, **_):
+    def __init__(self, num_kv_splits: int = 8, fp32_precision: str = "tf32", **_):
         from sgl_kernel.attention import decode_attention_fwd, extend_attention_fwd
 
         self._decode = decode_attention_fwd
         self._extend = extend_attention_fwd
         self.num_kv_splits = num_kv_splits
+        self.fp32_precision = fp32_precision
         self.kv_indices: torch.Tensor | None = None
 
     def init_forward_metadata(self, forward_batch) -> None:
@@ -49,10 +50,10 @@ class TritonAttnBackend(AttentionBackend):
         k_buf, v_buf = self._buffers(layer, forward_batch, k, v, save_kv_cache)
         fb = forward_batch
         return self._extend(q, k_buf, v_buf, fb.qo_indptr, fb.kv_indptr, self.kv_indices, fb.max_extend_len,
-                            layer.scaling)
+                            layer.scaling, fp32_precision=self.fp32_precision)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         k_buf, v_buf = self._buffers(layer, forward_batch, k, v, save_kv_cache)
         fb = forward_batch
         return self._decode(q, k_buf, v_buf, fb.kv_indptr, self.kv_indices, fb.max_seq_len, layer.scaling,
-                            self.num_kv_splits)
+                            self.num_kv_splits, fp32_precision=self.fp32_precision)

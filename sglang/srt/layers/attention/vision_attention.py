@@ -32,25 +32,28 @@ def _cu_seqlens_tensor(cu_seqlens: tuple[int, ...], device: torch.device) -> tor
     return torch.tensor(cu_seqlens, dtype=torch.int32).to(device, non_blocking=True)
 
 
-def varlen_packed_attention(q, k, v, cu_seqlens: list[int], scale: float) -> torch.Tensor:
+def varlen_packed_attention(q, k, v, cu_seqlens: list[int], scale: float, fp32_precision: str = "tf32") -> torch.Tensor:
     """The "triton" backend: every segment (image or window) in one kernel launch."""
     from sgl_kernel.attention import varlen_attention_fwd
 
     cu = _cu_seqlens_tensor(tuple(cu_seqlens), q.device)
     max_len = max((e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])), default=0)
-    return varlen_attention_fwd(q, k, v, cu, max_len, scale)
+    return varlen_attention_fwd(q, k, v, cu, max_len, scale, fp32_precision=fp32_precision)
 
 
 VISION_ATTENTION_IMPLS = {"sdpa": packed_attention, "triton": varlen_packed_attention}
 
 
-def configure_vision_attention(model: nn.Module, backend: str) -> None:
+def configure_vision_attention(model: nn.Module, backend: str, fp32_precision: str = "tf32") -> None:
     """Chooses the vision towers' attention once, when the runner builds the model."""
     if backend not in VISION_ATTENTION_IMPLS:
         raise ValueError(f"unknown vision attention backend {backend!r}; choose from {sorted(VISION_ATTENTION_IMPLS)}")
+    attend = VISION_ATTENTION_IMPLS[backend]
+    if backend == "triton":
+        attend = functools.partial(attend, fp32_precision=fp32_precision)
     for m in model.modules():
         if isinstance(m, VisionAttention):
-            m.attend = VISION_ATTENTION_IMPLS[backend]
+            m.attend = attend
 
 
 class VisionAttention(nn.Module):
