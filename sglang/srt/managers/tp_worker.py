@@ -13,7 +13,9 @@ from sglang.srt.layers.sampler import (
     logit_bias_entries,
     token_logprobs,
 )
+from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.multimodal.transport.cuda_ipc_budget import cuda_ipc_reserved_bytes
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.sampling.penalties import PenaltyState
 from sglang.srt.server_args import ServerArgs
@@ -37,6 +39,9 @@ class TpModelWorker:
                 attention_backend=lm_attention,
                 mm_attention_backend=mm_attention,
                 attention_fp32_precision=server_args.attention_fp32_precision,
+                reserved_device_bytes=tuple(cuda_ipc_reserved_bytes(
+                    server_args.mm_feature_transport, envs.SGLANG_MM_FEATURE_CACHE_MB.get() << 20, gpu_id,
+                    len(server_args.local_tp_ranks())).items()) if device == "cuda" else (),
                 cuda_graph=not server_args.disable_cuda_graph,
                 cuda_graph_max_bs=server_args.cuda_graph_max_bs,
                 cuda_graph_bs=server_args.cuda_graph_bs,

@@ -16,6 +16,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.server_args import derive_max_running_requests
 from sglang.srt.multimodal.embedder import MultimodalEmbedConfig, MultimodalEmbedder
+from sglang.srt.multimodal.transport.cuda_ipc_budget import kv_budget_tokens
 from sglang.srt.model_loader.loader import get_model
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ class ModelRunnerConfig:
     attention_backend: str = "torch_native"
     mm_attention_backend: str = "sdpa"
     attention_fp32_precision: str = "tf32"  # Triton attention on CUDA float32: tf32 or ieee
+    # device bytes other processes take on this rank's GPU after the KV budget is fixed (the cuda_ipc
+    # feature pool and the contexts that map it), by what takes them: subtracted from the KV budget
+    reserved_device_bytes: tuple[tuple[str, int], ...] = ()
     cuda_graph: bool = False  # capture decode graphs (CUDA and a backend that supports them)
     cuda_graph_max_bs: int | None = None  # default: min(160, request-table rows)
     cuda_graph_bs: tuple[int, ...] | None = None
@@ -100,14 +104,20 @@ class ModelRunner:
         if self.device.type != "cuda":
             return 65536
         free, total = torch.cuda.mem_get_info(self.device)
-        used = total - free  # weights and anything else already resident
-        budget = int(total * self.cfg.mem_fraction_static) - used
+        reserved = dict(self.cfg.reserved_device_bytes)
+        tokens, budget = kv_budget_tokens(total, free, self.cfg.mem_fraction_static, sum(reserved.values()),
+                                          bytes_per_token)
+        if reserved:
+            logger.info("KV budget on %s leaves %s for later allocations", self.device,
+                        ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in reserved.items()))
         if budget < bytes_per_token * 1024:
             raise RuntimeError(
                 f"--mem-fraction-static {self.cfg.mem_fraction_static} leaves {budget / 2**30:.2f} GiB for the KV "
-                "cache after loading weights: raise it or use a smaller model"
+                "cache after loading weights" + (f" and reserving {sum(reserved.values()) / 2**30:.2f} GiB for "
+                "the cuda_ipc feature pool (SGLANG_MM_FEATURE_CACHE_MB) and its contexts" if reserved else "")
+                + ": raise it or use a smaller model"
             )
-        return budget // bytes_per_token
+        return tokens
 
     @torch.inference_mode()
     def forward(self, forward_batch):
