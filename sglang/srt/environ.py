@@ -109,6 +109,11 @@ envs.add("SGLANG_GPU_IMAGE_DECODE", "auto", lambda raw: _parse_choice(raw, ("0",
          "(bit-identical to the baseline) elsewhere (0: baseline, PIL in the tokenizer, float32 pixels sent; "
          "1: deferred everywhere; auto: deferred where the model runs on CUDA and torchvision is installed).")
 
+envs.add("SGLANG_SAMPLER_BACKEND", "auto", lambda raw: _parse_choice(raw, ("auto", "triton", "torch")),
+         "Next-token sampler: auto (the one-launch Triton kernel sgl_kernel.sampling.sample_from_logits for CUDA "
+         "logits when triton and sgl_kernel import, else the torch path), triton (always the kernel; CPU tensors "
+         "only under TRITON_INTERPRET=1) or torch (always the torch path).")
+
 
 def main() -> None:
     for var in envs.all():

@@ -1,23 +1,35 @@
 """Next-token sampling for the whole batch on the device: greedy, temperature, top-k, top-p, min-p.
 
-Draws use the exponential race (argmax of p / E with E ~ Exp(1) equals a draw from p), with the
-uniform noise a counter-based hash of (seed, output position, token id) computed on the device: a
-seeded request gets the same tokens whatever else is batched with it and on any device, and no row
-ever goes to the host. The only device-to-host copy is the caller's read of the sampled ids."""
+Draws use the exponential race in log space: argmax over kept tokens of x - log(-log u), x = logit / T,
+which equals argmax of p / E with E = -log u ~ Exp(1), a draw from p, and needs no normalisation. The
+uniform u is a counter-based hash of (seed, output position, token id) computed on the device: a seeded
+request gets the same tokens whatever else is batched with it and on any device, and no row ever goes to
+the host. The only device-to-host copy is the caller's read of the sampled ids.
+
+Two implementations of the same rule (`sgl_kernel.sampling` documents it): the Triton kernel
+`sgl_kernel.sampling.sample_from_logits` (one launch; taken for CUDA logits when triton imports), and the
+torch path here (CPU servers): about 17 elementwise passes over the (B, vocab) block for a plain sampled
+step, on int32 for the hash, plus a sort only when some row uses top-k or top-p. SGLANG_SAMPLER_BACKEND
+(auto | triton | torch) or `Sampler(backend=...)` overrides the choice."""
 
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.environ import envs
+
 _M32 = 0xFFFFFFFF
+_U_MAX = 1.0 - 2.0**-24  # largest float32 below 1
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer finalizer (xorshift-multiply) on int64 tensors holding values in [0, 2^32),
-    in place. Products may wrap past 2^63; the low 32 bits kept by the mask are exact either way."""
+    in place. Products may wrap past 2^63; the low 32 bits kept by the mask are exact either way.
+    Used on per-row (B,) values; the (B, vocab) block goes through `_mix32_i32`."""
     x.bitwise_xor_(x >> 16)
     x.mul_(0x7FEB352D).bitwise_and_(_M32)
     x.bitwise_xor_(x >> 15)
@@ -25,16 +37,64 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x.bitwise_xor_(x >> 16)
 
 
-def hash_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B, vocab) float32 uniforms in (0, 1): a pure function of (seed, step, token id). Built in place:
-    the (B, vocab) work costs one int64 buffer and one temporary, whatever the batch."""
+def _to_i32(x: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2^32) as the int32 with the same bits."""
+    return (x - ((x >> 31) << 32)).to(torch.int32)
+
+
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(low, high) 16-bit halves of an int32 tensor as int16 views (little-endian only, else None)."""
+    if sys.byteorder != "little":
+        return None
+    halves = x.view(torch.int16).view(*x.shape, 2)
+    return halves[..., 0], halves[..., 1]
+
+
+def _xor_high_into_low(x: torch.Tensor, halves) -> None:
+    """x ^= x >>> 16 on an int32 tensor, in place: the low 16-bit half of each element xored with its
+    high half, one strided op (torch has no logical right shift on int32: else shift, mask and xor)."""
+    if halves is not None:
+        halves[0].bitwise_xor_(halves[1])
+    else:
+        x.bitwise_xor_((x >> 16).bitwise_and_(0xFFFF))
+
+
+def _mix32_i32(x: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """`_mix32` on int32 bit patterns, in place: int32 products wrap mod 2^32 like the uint32 ones; right
+    shifts are made logical by masking. `scratch` is an int32 tensor of x's shape. 7 passes."""
+    halves = _halves(x)
+    _xor_high_into_low(x, halves)
+    x.mul_(0x7FEB352D)
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 15, out=scratch).bitwise_and_(0x1FFFF))
+    x.mul_(0x846CA68B - (1 << 32))
+    _xor_high_into_low(x, halves)
+    return x
+
+
+def _uniform_into(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, vocab) float32 uniforms; see `hash_uniform`."""
     row = _mix32((seeds & _M32) ^ _mix32(((seeds >> 32) & _M32) ^ 0x9E3779B9))
     row = _mix32(row ^ _mix32((steps & _M32) ^ 0x85EBCA6B))
-    h = torch.arange(vocab, device=seeds.device, dtype=torch.int64).mul_(0x9E3779B1)
-    h = (h.unsqueeze(0) + row.unsqueeze(1)).bitwise_and_(_M32)
-    u = _mix32(h).bitwise_right_shift_(8).to(torch.float32)
+    col = torch.arange(vocab, device=seeds.device, dtype=torch.int64).mul_(0x9E3779B1).bitwise_and_(_M32)
+    h = torch.add(_to_i32(col).unsqueeze(0), _to_i32(row).unsqueeze(1))  # int32, wraps mod 2^32
+    scratch = torch.empty_like(h)
+    _mix32_i32(h, scratch)
+    h24 = torch.bitwise_right_shift(h, 8, out=scratch).bitwise_and_(0xFFFFFF)
     del h
-    return u.add_(0.5).mul_(1.0 / (1 << 24))
+    # (h24 + 0.5) / 2^24 in one op, written over h24's memory: 2^-25 + 2^-24 * h24, one rounding
+    u = torch.add(torch.tensor(2.0**-25, device=seeds.device), h24, alpha=2.0**-24,
+                  out=h24.view(torch.float32))
+    return u.clamp_max_(_U_MAX)
+
+
+def hash_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(B, vocab) float32 uniforms in (0, 1): a pure function of (seed, step, token id),
+    u = ((mix32(id * 0x9E3779B1 + row) >> 8) + 0.5) / 2^24 with row a hash of (seed, step), capped at
+    1 - 2^-24: the top hash value used to round up to exactly 1 (E = -log u = 0 made that token win the
+    race whatever its probability, about once per 110 rows at a 152k vocabulary); every other value is
+    unchanged. Bit-identical to `sgl_kernel.sampling.hash_uniform_torch` and to the Triton kernel's hash.
+    Computed on int32 (two (B, vocab) buffers, the second reused for the result)."""
+    return _uniform_into(seeds.long(), steps.long(), vocab)
 
 
 @dataclass
@@ -52,6 +112,8 @@ class SamplingBatchInfo:
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
     # (rows, token ids, biases) added to the logits: the requests' logit_bias
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # some row uses top-k or top-p (the torch path sorts only then; min-p needs no sort)
+    need_sort: bool = True
 
     @classmethod
     def from_params(cls, params: list, seeds: list[int | None], vocab_size: int, device, steps: list[int],
@@ -69,6 +131,7 @@ class SamplingBatchInfo:
             top_ks=ints[0], seeds=ints[1], steps=ints[2],
             all_greedy=all(t == 0.0 for t in temps),
             need_filter=any(k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0 for k, p in zip(top_ks, params)),
+            need_sort=any(k < vocab_size or p.top_p < 1.0 for k, p, t in zip(top_ks, params, temps) if t > 0.0),
         )
 
 
@@ -157,31 +220,83 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int):
     return chosen, (logp.topk(top_n, dim=-1) if top_n > 0 else None)
 
 
+def _kernel_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+
+        import sgl_kernel.sampling  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_BACKENDS = ("auto", "triton", "torch")
+
+
 class Sampler:
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, backend: str | None = None):
         # draws the seeds of unseeded requests: the server's whole sequence follows --random-seed
         self.rng = random.Random(seed)
+        # auto: the Triton kernel for CUDA logits when triton and sgl_kernel import, else torch; triton:
+        # always the kernel (CPU tensors only under TRITON_INTERPRET=1); torch: always the torch path
+        self.backend = backend if backend is not None else envs.SGLANG_SAMPLER_BACKEND.get()
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"unknown sampler backend {self.backend!r}; use one of {', '.join(_BACKENDS)}")
+        self._kernel_ok: bool | None = None
+
+    def uses_kernel(self, logits: torch.Tensor) -> bool:
+        if self.backend == "auto":
+            if not logits.is_cuda:
+                return False
+            if self._kernel_ok is None:
+                self._kernel_ok = _kernel_importable()
+            return self._kernel_ok
+        return self.backend == "triton"
 
     def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
         """`logits` as adjusted by `adjust_logits` (penalties and bans are the caller's step)."""
-        greedy = logits.argmax(dim=-1)
         if info.all_greedy:
-            return greedy
-        probs = self._probs(logits.float(), info)
-        exp_noise = hash_uniform(info.seeds, info.steps, probs.shape[-1]).log_().neg_()  # Exp(1) draws
-        race = probs.div_(exp_noise)
-        del exp_noise
-        return torch.where(info.temperatures.squeeze(1) == 0.0, greedy, race.argmax(dim=-1))
+            return logits.argmax(dim=-1)
+        if self.uses_kernel(logits):
+            from sgl_kernel.sampling import sample_from_logits
 
-    @staticmethod
-    def _probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-        temps = torch.where(info.temperatures == 0, torch.ones_like(info.temperatures), info.temperatures)
-        probs = torch.softmax(logits / temps, dim=-1)
-        if not info.need_filter:
-            return probs
-        sorted_p, idx = probs.sort(dim=-1, descending=True)
-        ranks = torch.arange(sorted_p.shape[-1], device=probs.device).unsqueeze(0)
-        keep = ranks < info.top_ks.unsqueeze(1)
-        keep &= (sorted_p.cumsum(dim=-1) - sorted_p) < info.top_ps.unsqueeze(1)  # always keeps the top token
-        keep &= sorted_p >= sorted_p[:, :1] * info.min_ps.unsqueeze(1)
-        return torch.zeros_like(probs).scatter_(-1, idx, sorted_p * keep)
+            return sample_from_logits(logits, info.temperatures.view(-1), info.top_ks, info.top_ps, info.min_ps,
+                                      info.seeds, info.steps)
+        return sample_torch(logits, info)
+
+
+def sample_torch(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """The torch path: x = logits * (1 / T) (T = 1 for greedy rows, whose noise is zeroed), thresholds per
+    row (min-p: max + T-scaled log(min_p); top-k / top-p from one sort, only when some row needs them), and
+    argmax of x - log(-log u) over kept tokens. Passes over the (B, V) block: 17 for a plain sampled step
+    (13 of them the int32 hash), +4 with min-p, +7 with top-k / top-p."""
+    t = info.temperatures.view(-1, 1).float()
+    sampled = t > 0
+    inv_t = torch.where(sampled, 1.0 / torch.where(sampled, t, 1.0), 1.0)
+    noise = hash_uniform(info.seeds, info.steps, logits.shape[-1])
+    noise = torch.xlogy(-1.0, noise, out=noise)  # E = -log u ~ Exp(1)
+    noise = torch.xlogy(-sampled.float(), noise, out=noise)  # -log E for sampled rows, 0 for greedy ones
+    if not info.need_filter:
+        return noise.addcmul_(logits.float(), inv_t).argmax(dim=-1)
+    x = logits.float() * inv_t
+    noise.masked_fill_(x < _thresholds(x, info), float("-inf"))
+    return noise.add_(x).argmax(dim=-1)
+
+
+def _thresholds(x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """(B, 1): the smallest kept value of x per row; every rule keeps each row's max."""
+    v = x.shape[-1]
+    min_p = info.min_ps.view(-1, 1).float()
+    log_min_p = torch.where(min_p > 0, torch.log(torch.where(min_p > 0, min_p, 1.0)), float("-inf"))
+    if not info.need_sort:
+        return x.amax(dim=-1, keepdim=True) + log_min_p
+    sorted_x = x.sort(dim=-1, descending=True).values
+    # top-p: rank r is kept while the mass of ranks < r is below top_p, i.e. r <= #(cumsum < top_p)
+    top_p = info.top_ps.view(-1, 1).float()
+    cum = torch.softmax(sorted_x, dim=-1).cumsum_(dim=-1)
+    n_p = torch.searchsorted(cum, top_p.contiguous()) + 1
+    n_p = torch.where(top_p >= 1.0, v, n_p)
+    k = info.top_ks.view(-1, 1).long()
+    k = torch.where((k < 1) | (k > v), v, k)
+    n = torch.minimum(n_p, k).clamp_(1, v)
+    return torch.maximum(sorted_x.gather(1, n - 1), sorted_x[:, :1] + log_min_p)
