@@ -8,8 +8,8 @@ the host. The only device-to-host copy is the caller's read of the sampled ids.
 
 Two implementations of the same rule (`sgl_kernel.sampling` documents it): the Triton kernel
 `sgl_kernel.sampling.sample_from_logits` (one launch; taken for CUDA logits when triton imports), and the
-torch path here (CPU servers): about 17 elementwise passes over the (B, vocab) block for a plain sampled
-step, on int32 for the hash, plus a sort only when some row uses top-k or top-p. SGLANG_SAMPLER_BACKEND
+torch path here (CPU servers): 16 passes over the (B, vocab) block for a plain sampled step (12 of them
+the int32 hash), 20 with min-p, 21 with top-k (+ top-p) and 24 with top-p alone (a full sort). SGLANG_SAMPLER_BACKEND
 (auto | triton | torch) or `Sampler(backend=...)` overrides the choice."""
 
 from __future__ import annotations
@@ -112,8 +112,11 @@ class SamplingBatchInfo:
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
     # (rows, token ids, biases) added to the logits: the requests' logit_bias
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    # some row uses top-k or top-p (the torch path sorts only then; min-p needs no sort)
+    # some sampled row uses top-k or top-p (the torch path sorts only then; min-p needs no sort)
     need_sort: bool = True
+    # the largest k among those rows (vocab size where one uses top-p alone): the torch path takes that
+    # many top values per row instead of a full sort; None: full sort
+    max_top_k: int | None = None
 
     @classmethod
     def from_params(cls, params: list, seeds: list[int | None], vocab_size: int, device, steps: list[int],
@@ -125,13 +128,15 @@ class SamplingBatchInfo:
         floats = torch.tensor([temps, [float(p.top_p) for p in params], [float(p.min_p) for p in params]],
                               dtype=torch.float32).to(device, non_blocking=True)
         row_seeds = [s if s is not None else rng.getrandbits(63) for s in seeds]
+        sort_ks = [k for k, p, t in zip(top_ks, params, temps) if t > 0.0 and (k < vocab_size or p.top_p < 1.0)]
         ints = torch.tensor([top_ks, row_seeds, list(steps)], dtype=torch.int64).to(device, non_blocking=True)
         return cls(
             temperatures=floats[0].unsqueeze(1), top_ps=floats[1], min_ps=floats[2],
             top_ks=ints[0], seeds=ints[1], steps=ints[2],
             all_greedy=all(t == 0.0 for t in temps),
             need_filter=any(k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0 for k, p in zip(top_ks, params)),
-            need_sort=any(k < vocab_size or p.top_p < 1.0 for k, p, t in zip(top_ks, params, temps) if t > 0.0),
+            need_sort=any(sort_ks),
+            max_top_k=max(sort_ks) if sort_ks else None,
         )
 
 
@@ -266,10 +271,10 @@ class Sampler:
 
 
 def sample_torch(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """The torch path: x = logits * (1 / T) (T = 1 for greedy rows, whose noise is zeroed), thresholds per
-    row (min-p: max + T-scaled log(min_p); top-k / top-p from one sort, only when some row needs them), and
-    argmax of x - log(-log u) over kept tokens. Passes over the (B, V) block: 17 for a plain sampled step
-    (13 of them the int32 hash), +4 with min-p, +7 with top-k / top-p."""
+    """The torch path: x = logits * (1 / T) (T = 1 for greedy rows, whose noise is zeroed), a threshold per
+    row (the smallest kept x: `_thresholds`), and argmax of x - log(-log u) over kept tokens. Passes over
+    the (B, V) block (aten ops reading or writing it; views and allocations aside): 16 for a plain sampled
+    step (12 of them the int32 hash), 20 with min-p, 21 with top-k (+ top-p), 24 with top-p alone."""
     t = info.temperatures.view(-1, 1).float()
     sampled = t > 0
     inv_t = torch.where(sampled, 1.0 / torch.where(sampled, t, 1.0), 1.0)
@@ -284,19 +289,30 @@ def sample_torch(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
 
 
 def _thresholds(x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """(B, 1): the smallest kept value of x per row; every rule keeps each row's max."""
+    """(B, 1): the smallest kept value of x per row; every rule keeps each row's max. min-p alone: the
+    row max (no sort). top-k / top-p: the `max_top_k` largest values per row (topk, masses from the row's
+    log-sum-exp), or a full sort when a row uses top-p without top-k; the kept count is min(k, 1 + #ranks
+    whose cumulative mass is below top_p)."""
     v = x.shape[-1]
     min_p = info.min_ps.view(-1, 1).float()
     log_min_p = torch.where(min_p > 0, torch.log(torch.where(min_p > 0, min_p, 1.0)), float("-inf"))
     if not info.need_sort:
         return x.amax(dim=-1, keepdim=True) + log_min_p
-    sorted_x = x.sort(dim=-1, descending=True).values
-    # top-p: rank r is kept while the mass of ranks < r is below top_p, i.e. r <= #(cumsum < top_p)
-    top_p = info.top_ps.view(-1, 1).float()
-    cum = torch.softmax(sorted_x, dim=-1).cumsum_(dim=-1)
-    n_p = torch.searchsorted(cum, top_p.contiguous()) + 1
-    n_p = torch.where(top_p >= 1.0, v, n_p)
     k = info.top_ks.view(-1, 1).long()
     k = torch.where((k < 1) | (k > v), v, k)
-    n = torch.minimum(n_p, k).clamp_(1, v)
-    return torch.maximum(sorted_x.gather(1, n - 1), sorted_x[:, :1] + log_min_p)
+    kk = v if info.max_top_k is None else min(int(info.max_top_k), v)
+    top_p = info.top_ps.view(-1, 1).float()
+    if kk < v:
+        # every row that filters keeps at most kk tokens: its kk largest values suffice, and their masses
+        # come from the row's log-sum-exp (top-p's cumulative mass is only needed over kept ranks)
+        sorted_x = x.topk(kk, dim=-1, sorted=True).values
+        cum = (sorted_x - torch.logsumexp(x, dim=-1, keepdim=True)).exp_().cumsum_(dim=-1)
+    else:
+        sorted_x = x.sort(dim=-1, descending=True).values
+        cum = torch.softmax(sorted_x, dim=-1).cumsum_(dim=-1)
+    # top-p: rank r is kept while the mass of ranks < r is below top_p, i.e. r <= #(cumsum < top_p)
+    n_p = torch.searchsorted(cum, top_p.contiguous()) + 1
+    n_p = torch.where(top_p >= 1.0, v, n_p)
+    n = torch.minimum(n_p, k).clamp_(1, kk)
+    kept_k_p = torch.where((k < v) | (top_p < 1.0), sorted_x.gather(1, n - 1), float("-inf"))
+    return torch.maximum(kept_k_p, sorted_x[:, :1] + log_min_p)

@@ -130,6 +130,25 @@ def test_torch_path_skips_the_sort_without_top_k_or_top_p():
     assert got.tolist() == _reference(logits, info).tolist()
 
 
+def test_torch_path_takes_the_top_k_values_instead_of_a_sort():
+    # every filtering row has a top-k: the k largest values per row replace the sort; rows without top-k /
+    # top-p beside them keep their whole vocabulary
+    v = 400
+    logits = _distinct_logits(5, v, 2)
+    params = [SamplingParams(temperature=0.9, top_k=20, top_p=0.8), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=1.2, min_p=0.02), SamplingParams(temperature=0.0, top_k=50),
+              SamplingParams(temperature=0.7, top_k=7)]
+    for seeds in ([1, 2, 3, 4, 5], [9, 8, 7, 6, 5], [100, 200, 300, 400, 500]):
+        info = SamplingBatchInfo.from_params(params, seeds, v, "cpu", [0] * 5)
+        assert info.need_sort and info.max_top_k == 20
+        got, _, ops = count_large_passes(lambda: sample_torch(logits, info), logits.numel(), by_op=True)
+        assert "sort" not in ops and ops["topk"] == 1
+        assert got.tolist() == _reference(logits, info).tolist()
+    # a row with top-p alone needs the whole sorted row
+    info = SamplingBatchInfo.from_params(params + [SamplingParams(top_p=0.5)], [1] * 6, v, "cpu", [0] * 6)
+    assert info.max_top_k == v
+
+
 # ---------------------------------------------------------------- the kernel path, forced on CPU
 @pytest.fixture
 def interp():
@@ -207,10 +226,11 @@ def _count(sampler, kind, b=4, v=1000):
 @pytest.mark.parametrize("kind", list(STEPS_TO_COUNT))
 def test_torch_path_pass_count(kind):
     # before this change (int64 hash, softmax, full sort for any filter): 23 plain, 35 with min-p or
-    # top-k/top-p (34 without the one slice view) -- all of them data passes
+    # top-k/top-p (34 without the one slice view), all of them data passes. Now: top-k takes topk +
+    # logsumexp instead of sort + softmax + cumsum over the whole row (top-p alone still sorts: 24)
     n, data, ops = _count(Sampler(0, backend="torch"), kind)
     print(f"torch path, {kind}: {data} data passes ({n} ops on (B, V) tensors incl. views/allocation): {dict(ops)}")
-    assert data <= {"plain": 16, "min_p": 20, "top_k_top_p": 24}[kind]
+    assert data <= {"plain": 16, "min_p": 20, "top_k_top_p": 21}[kind]
 
 
 def test_kernel_path_is_one_launch(interp, monkeypatch):
