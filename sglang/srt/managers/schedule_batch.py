@@ -63,6 +63,7 @@ class Req:
         self.to_abort: FinishReason | None = None
 
         self.req_pool_idx: int = -1
+        self._kv_tail: list[torch.Tensor] = []  # decode slots appended since kv_indices was last read
         self.kv_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None  # radix node locked for this request's cached prefix
         self.cache_len = 0  # tokens of kv_indices owned by the radix tree
@@ -79,8 +80,28 @@ class Req:
         return self.prompt_key + self.output_ids
 
     @property
+    def kv_indices(self) -> torch.Tensor:
+        """KV slots of fill_ids[:kv_len] (host int64). Decode slots appended one step at a time are
+        joined only when this is read (release, paged extend), not at every step."""
+        if self._kv_tail:
+            self._kv_indices = torch.cat([self._kv_indices, *self._kv_tail])
+            self._kv_tail = []
+        return self._kv_indices
+
+    @kv_indices.setter
+    def kv_indices(self, value: torch.Tensor) -> None:
+        self._kv_indices = value
+        self._kv_tail = []
+        self._kv_len = int(value.numel())
+
+    def append_kv_slots(self, slots: torch.Tensor) -> None:
+        """Slots (host int64) for the next kv tokens, already written to the request's table row."""
+        self._kv_tail.append(slots)
+        self._kv_len += int(slots.numel())
+
+    @property
     def kv_len(self) -> int:
-        return int(self.kv_indices.numel())
+        return self._kv_len
 
     @property
     def prompt_len(self) -> int:
