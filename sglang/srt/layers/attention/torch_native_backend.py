@@ -1,9 +1,14 @@
 """Pure-torch attention over the token KV pool: runs on any device and is the tests' reference.
 
 Decode attends the whole batch in one SDPA call over K/V gathered into a (B, max_seq_len) padded
-block; prefill runs one SDPA per request (its causal mask differs per request). Every index comes
-from the step's metadata: host ints for rows and lengths, device tensors for slots, so nothing here
-reads a device value back."""
+block; prefill runs SDPA per request in query tiles (its causal mask differs per request). Every index
+comes from the step's metadata: host ints for rows and lengths, device tensors for slots, so nothing
+here reads a device value back.
+
+Prefill memory: SDPA with a mask materializes (heads x queries x keys) float32 scores. A whole chunk at
+once made that (chunk x context): an 88k-token prompt in 8192-token chunks grew the scheduler past 22 GB.
+Queries go in tiles sized so one tile's scores stay under SCORE_TILE_BYTES, and each tile reads only the
+keys its last query can see, so memory is bounded by the tile, whatever the context."""
 
 from __future__ import annotations
 
@@ -11,6 +16,15 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, register_attention_backend
+
+SCORE_TILE_BYTES = 64 << 20  # float32 scores of one (heads x query tile x keys) block
+
+
+def query_tile(num_queries: int, num_keys: int, num_heads: int, budget: int | None = None) -> int:
+    """Queries per tile: as many as keep heads x tile x keys float32 scores within `budget` (default
+    SCORE_TILE_BYTES; at least 1)."""
+    budget = SCORE_TILE_BYTES if budget is None else budget
+    return max(1, min(num_queries, budget // (4 * num_heads * max(1, num_keys))))
 
 
 @register_attention_backend("torch_native")
@@ -39,18 +53,26 @@ class TorchNativeAttnBackend(AttentionBackend):
         k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
         out = torch.empty_like(q)
         starts = fb.extend_start_locs()
+        gqa = layer.tp_q_head_num != layer.tp_k_head_num
         for row, start, n, seq_len in zip(fb.req_pool_indices_cpu, starts, fb.extend_seq_lens_cpu, fb.seq_lens_cpu):
             if not n:
                 continue
             slots = fb.req_to_token_pool.req_to_token[row, :seq_len]
-            keys, vals = k_buf[slots].to(q.dtype), v_buf[slots].to(q.dtype)
-            # query j sits at absolute position seq_len - n + j and sees keys 0..that position
-            mask = torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n) if n > 1 else None
-            o = F.scaled_dot_product_attention(
-                q[start : start + n].transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1),
-                attn_mask=mask, scale=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
-            )
-            out[start : start + n] = o.transpose(0, 1)
+            keys = k_buf[slots].to(q.dtype).transpose(0, 1)  # (Hk, seq_len, D)
+            vals = v_buf[slots].to(q.dtype).transpose(0, 1)
+            prefix = seq_len - n  # query j sits at absolute position prefix + j and sees keys 0..that position
+            tile = query_tile(n, seq_len, q.shape[1])
+            for lo in range(0, n, tile):
+                hi = min(n, lo + tile)
+                visible = prefix + hi  # keys the tile's last query sees
+                # within the tile, query j (absolute prefix + lo + j) sees keys 0..prefix + lo + j
+                mask = None if hi - lo == 1 else torch.ones(
+                    hi - lo, visible, dtype=torch.bool, device=q.device).tril(prefix + lo)
+                o = F.scaled_dot_product_attention(
+                    q[start + lo : start + hi].transpose(0, 1), keys[:, :visible], vals[:, :visible],
+                    attn_mask=mask, scale=layer.scaling, enable_gqa=gqa,
+                )
+                out[start + lo : start + hi] = o.transpose(0, 1)
         return out
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
