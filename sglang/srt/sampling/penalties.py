@@ -149,9 +149,9 @@ class PenaltyState:
             vals = torch.tensor(new_params, dtype=torch.float32).to(self.device, non_blocking=True)
             self.params.index_copy_(0, new_idx, vals)
         if n:
-            self.counts.index_put_((c_rows, c_ids), self._one, accumulate=True)
+            self.counts.index_put_((c_rows, c_ids), self._one.expand(n), accumulate=True)
         if m:
-            self.prompt_seen.index_put_((s_rows, s_ids), self._true)
+            self.prompt_seen.index_put_((s_rows, s_ids), self._true.expand(m))
         return PenaltyBatch(rows)
 
     def apply(self, logits: torch.Tensor, batch: PenaltyBatch) -> torch.Tensor:
