@@ -48,8 +48,10 @@ def test_chat_n_streams_every_choice_to_its_finish(client):
 
 
 def test_chat_logprobs_match_greedy_choice_and_are_sorted(client):
+    # special tokens kept in the text: a logprob entry names every generated token, skipped ones included
     resp = client.chat.completions.create(model="default", messages=MSG, max_tokens=5, temperature=0,
-                                          logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+                                          logprobs=True, top_logprobs=3,
+                                          extra_body={"ignore_eos": True, "skip_special_tokens": False})
     content = resp.choices[0].logprobs.content
     assert len(content) == resp.usage.completion_tokens == 5
     for pos in content:
