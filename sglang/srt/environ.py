@@ -91,6 +91,9 @@ envs.add("SGLANG_VIT_CHUNK_PER_IMAGE", True, _parse_bool,
 envs.add("SGLANG_VLM_STAGE_TIMER", False, _parse_bool,
          "Time every VLM pipeline stage per request (same as --enable-vlm-stage-timer).")
 envs.add("SGLANG_TEST_DEVICE", "cpu", str, "Device the test suite runs models on (cpu or cuda).")
+envs.add("SGLANG_TORCH_PROFILER_DIR", "/tmp", str,
+         "Directory /start_profile writes the schedulers' torch.profiler traces to when its request names no "
+         "output_dir (upstream's variable and default).")
 envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
          "ViT patch embedding as one Linear, Conv3d checkpoint weights reshaped at load (0: baseline Conv3d).")
 envs.add("SGLANG_VIT_FAST_POS_EMBED", True, _parse_bool,

@@ -90,6 +90,22 @@ class GetServerInfoReq:
     req_id: int = 0
 
 
+@dataclass
+class ProfileReq:
+    """/start_profile, /stop_profile -> every scheduler rank: torch.profiler runs where the model runs.
+    Each rank writes `<output_dir>/<profile_id>-TP-<rank>.trace.json.gz` when profiling stops (on
+    "stop", or by itself after `num_steps` forward steps)."""
+
+    action: str  # "start" | "stop"
+    output_dir: str | None = None  # None: SGLANG_TORCH_PROFILER_DIR, read by the scheduler
+    num_steps: int | None = None  # stop by itself after this many forward steps
+    activities: list[str] = field(default_factory=lambda: ["CPU", "GPU"])
+    with_stack: bool = False
+    record_shapes: bool = False
+    profile_id: str = ""  # the same on every rank: names the trace files
+    req_id: int = 0
+
+
 # ----------------------------------------------------------------------------- finish reasons
 @dataclass
 class FinishReason:
@@ -148,6 +164,14 @@ class FlushCacheReqOutput:
 @dataclass
 class GetServerInfoReqOutput:
     info: dict[str, Any]
+    req_id: int = 0
+
+
+@dataclass
+class ProfileReqOutput:
+    success: bool
+    message: str = ""
+    files: list[str] = field(default_factory=list)  # trace files written (stop) or to be written (start)
     req_id: int = 0
 
 

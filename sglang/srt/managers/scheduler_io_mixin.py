@@ -1,6 +1,6 @@
 """The scheduler's input side: receiving requests (rank 0 from the tokenizer manager, then the TP
 broadcast), mapping shared-memory pixels after it, validating and queueing requests, aborts, and the
-control requests (flush cache, server info)."""
+control requests (flush cache, server info, profiling)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
     GetServerInfoReq,
     GetServerInfoReqOutput,
+    ProfileReq,
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.mm_utils import pad_input_ids
+from sglang.srt.managers.profiler import SchedulerProfiler
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.multimodal import deferred_decode
 from sglang.srt.multimodal.hashing import ensure_item_hashes
@@ -30,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulerIOMixin:
+    _profiler: SchedulerProfiler | None = None  # made by the first ProfileReq
+
     # ------------------------------------------------------------------ input
     @property
     def tokenizer(self):
@@ -91,6 +95,8 @@ class SchedulerIOMixin:
                 self.send(out)
             elif isinstance(msg, GetServerInfoReq):
                 self.send(GetServerInfoReqOutput(self.get_info(), req_id=msg.req_id))
+            elif isinstance(msg, ProfileReq):
+                self.handle_profile(msg)
             else:
                 logger.error("scheduler dropped an unknown message %r", type(msg).__name__)
 
@@ -161,6 +167,19 @@ class SchedulerIOMixin:
         self.tree.reset()
         self.worker.clear_mm_cache()
         return FlushCacheReqOutput(True)
+
+    def handle_profile(self, req: ProfileReq) -> None:
+        """Every rank starts or stops its own profiler; rank 0 answers once all of them did (their
+        traces are written when a stop is answered)."""
+        if self._profiler is None:
+            self._profiler = SchedulerProfiler(self.tp.rank)
+        out = self._profiler.handle(req)
+        if self.tp.size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.tp.cpu_group)
+        out.req_id = req.req_id
+        self.send(out)
 
     def get_info(self) -> dict:
         return {

@@ -50,6 +50,8 @@ class SchedulerOutputProcessorMixin:
             for req, tok, lp in zip(batch.reqs, next_ids, logprobs):
                 self._append_token(req, tok, lp)
             self.running = [r for r in self.running if not r.finished()]
+        if self._profiler is not None:
+            self._profiler.after_forward()  # with num_steps, the last one writes the trace
 
     def _append_token(self, req: Req, tok: int, logprob=None) -> None:
         req.output_ids.append(tok)

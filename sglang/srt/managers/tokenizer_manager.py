@@ -30,11 +30,13 @@ from sglang.srt.managers.io_struct import (
     GenerateReqInput,
     GetServerInfoReq,
     GetServerInfoReqOutput,
+    ProfileReq,
+    ProfileReqOutput,
     SchedulerReady,
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
-from sglang.srt.managers.request_builder import RequestBuilder
+from sglang.srt.managers.request_builder import RequestBuilder, check_input_ids
 from sglang.srt.metrics.prometheus import ServingMetrics
 from sglang.srt.multimodal import deferred_decode
 from sglang.srt.multimodal.transport.cuda_ipc import release_unsent
@@ -92,6 +94,7 @@ class TokenizerManager:
 
         self.healthy = True
         self.dead_reason: str | None = None
+        self.has_served = False  # an output came back through scheduler and detokenizer (/ready)
         self._closing = False
         self._control_waiters: dict[int, asyncio.Future] = {}  # control request id -> its reply
         self._control_ids = itertools.count(1)
@@ -149,6 +152,11 @@ class TokenizerManager:
         task.add_done_callback(self._background.discard)
 
     # ------------------------------------------------------------------ health
+    @property
+    def accepting(self) -> bool:
+        """Healthy and not shutting down: new requests are taken."""
+        return self.healthy and not self._closing
+
     def _raise_if_unhealthy(self) -> None:
         if not self.healthy:
             raise ServerUnhealthyError(f"server unavailable: {self.dead_reason}")
@@ -341,7 +349,7 @@ class TokenizerManager:
                 msg = await self._recv_sock.recv_pyobj()
                 if isinstance(msg, BatchStrOut):
                     self._handle_batch_str_out(msg)
-                elif isinstance(msg, (FlushCacheReqOutput, GetServerInfoReqOutput)):
+                elif isinstance(msg, (FlushCacheReqOutput, GetServerInfoReqOutput, ProfileReqOutput)):
                     self._resolve_control(msg)
                 else:
                     logger.warning("tokenizer manager: ignoring unexpected message %s", type(msg).__name__)
@@ -353,6 +361,7 @@ class TokenizerManager:
             self.mark_dead(f"receive loop failed: {type(e).__name__}: {e}")
 
     def _handle_batch_str_out(self, msg: BatchStrOut) -> None:
+        self.has_served = True
         for i, rid in enumerate(msg.rids):
             state = self.rid_to_state.get(rid)
             if state is None:  # aborted or already failed
@@ -425,6 +434,26 @@ class TokenizerManager:
                 logger.warning("metrics: scheduler state unavailable: %s", e)
         return self.metrics.render()
 
+    # ------------------------------------------------------------------ tokenizer only
+    async def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text with the server's tokenizer (no chat template), off the event loop."""
+        def run() -> list[list[int]]:
+            with self.builder._tokenizer_lock:
+                return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
+
+        return await asyncio.get_running_loop().run_in_executor(self._request_pool, run)
+
+    async def detokenize(self, seqs: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """The text of each id sequence; an id outside the vocabulary is a 400 naming it."""
+        for ids in seqs:
+            check_input_ids(ids, self.builder.vocab_size)
+
+        def run() -> list[str]:
+            with self.builder._tokenizer_lock:
+                return [self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in seqs]
+
+        return await asyncio.get_running_loop().run_in_executor(self._request_pool, run)
+
     # ------------------------------------------------------------------ control
     async def flush_cache(self, timeout: float = CONTROL_TIMEOUT_S) -> FlushCacheReqOutput:
         return await self._control(FlushCacheReq(), timeout)
@@ -437,6 +466,10 @@ class TokenizerManager:
         if getattr(self.builder, "ipc", None) is not None:
             info.update(self.builder.ipc.stats())
         return info
+
+    async def profile(self, req: ProfileReq, timeout: float = CONTROL_TIMEOUT_S) -> ProfileReqOutput:
+        """Starts or stops the schedulers' torch profilers (a stop waits for the traces to be written)."""
+        return await self._control(req, timeout)
 
     async def _control(self, req: Any, timeout: float) -> Any:
         self._raise_if_unhealthy()

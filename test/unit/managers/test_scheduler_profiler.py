@@ -1,0 +1,74 @@
+"""The scheduler's torch profiler (CPU): start/stop writes a gzipped Chrome trace named by profile id
+and rank into the request's directory or SGLANG_TORCH_PROFILER_DIR, `num_steps` stops it by itself,
+and a second start, a stop without a start or an unusable directory are refused with a reason."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import torch
+
+from sglang.srt.managers.io_struct import ProfileReq
+from sglang.srt.managers.profiler import SchedulerProfiler
+
+
+def _events(path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def _work():
+    a = torch.randn(64, 64)
+    for _ in range(3):
+        a = torch.matmul(a, a).tanh()
+
+
+def test_start_stop_writes_a_trace_of_what_ran_in_between(tmp_path):
+    p = SchedulerProfiler(tp_rank=1)
+    out = p.start(ProfileReq("start", output_dir=str(tmp_path / "traces"), activities=["CPU"], profile_id="42"))
+    assert out.success and p.active
+    path = tmp_path / "traces" / "42-TP-1.trace.json.gz"
+    assert out.files == [str(path)] and not path.exists()
+    _work()
+    out = p.stop()
+    assert out.success and out.files == [str(path)] and not p.active
+    assert any("matmul" in e.get("name", "") for e in _events(path))
+
+
+def test_default_directory_is_the_environment_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_TORCH_PROFILER_DIR", str(tmp_path))
+    p = SchedulerProfiler()
+    assert p.handle(ProfileReq("start", profile_id="7")).success  # CPU and GPU: GPU records nothing on CPU
+    assert p.handle(ProfileReq("stop")).success
+    assert (tmp_path / "7-TP-0.trace.json.gz").is_file()
+
+
+def test_num_steps_stops_after_that_many_forward_steps(tmp_path):
+    p = SchedulerProfiler()
+    assert p.start(ProfileReq("start", output_dir=str(tmp_path), num_steps=2, activities=["CPU"], profile_id="s")).success
+    p.after_forward()
+    assert p.active and not (tmp_path / "s-TP-0.trace.json.gz").exists()
+    p.after_forward()
+    assert not p.active and (tmp_path / "s-TP-0.trace.json.gz").is_file()
+    p.after_forward()  # not profiling: nothing happens
+    assert not p.stop().success
+
+
+def test_refusals_name_the_problem(tmp_path):
+    p = SchedulerProfiler()
+    out = p.stop()
+    assert not out.success and "not in progress" in out.message
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    out = p.start(ProfileReq("start", output_dir=str(blocker / "sub"), activities=["CPU"], profile_id="x"))
+    assert not out.success and str(blocker / "sub") in out.message and not p.active
+    assert not p.start(ProfileReq("start", output_dir=str(tmp_path), activities=["MEM"])).success
+    assert p.start(ProfileReq("start", output_dir=str(tmp_path), activities=["CPU"], profile_id="a")).success
+    out = p.start(ProfileReq("start", output_dir=str(tmp_path), activities=["CPU"], profile_id="b"))
+    assert not out.success and "already in progress" in out.message
+    assert p.stop().success
+    assert not p.handle(ProfileReq("pause")).success
+    if not torch.cuda.is_available():
+        out = p.start(ProfileReq("start", output_dir=str(tmp_path), activities=["GPU"]))
+        assert not out.success and "no CUDA device" in out.message
