@@ -57,11 +57,12 @@ def child_pids(pid: int) -> dict[int, str]:
 def memory_status(pid: int) -> dict[str, int]:
     """The resident-memory lines of /proc/<pid>/status in bytes: VmRSS (everything resident) and its parts
     RssAnon (private heap: what a leak grows), RssFile (mapped files: shared libraries page in as new
-    kernels run) and RssShmem (shared memory mapped). Empty when the process is gone."""
+    kernels run) and RssShmem (shared memory mapped); VmHWM, the peak VmRSS so far. Empty when the
+    process is gone."""
     out = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(("VmRSS:", "RssAnon:", "RssFile:", "RssShmem:")):
+            if line.startswith(("VmRSS:", "RssAnon:", "RssFile:", "RssShmem:", "VmHWM:")):
                 key, value = line.split(":", 1)
                 out[key] = int(value.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
