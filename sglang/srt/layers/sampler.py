@@ -107,7 +107,6 @@ class SamplingBatchInfo:
     steps: torch.Tensor  # (B,) int64: output position of the token being drawn
     all_greedy: bool
     need_filter: bool  # some row uses top-k, top-p or min-p
-    penalties: "Penalties | None" = None
     # (rows, token ids) whose logits are -inf this step: stop tokens of rows below min_new_tokens
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
     # (rows, token ids, biases) added to the logits: the requests' logit_bias
@@ -140,43 +139,6 @@ class SamplingBatchInfo:
         )
 
 
-@dataclass
-class Penalties:
-    """Repetition (HF: divide positive logits, multiply negative ones, for every token seen in the
-    prompt or output), frequency and presence (OpenAI: subtract per output occurrence / once)."""
-
-    repetition: torch.Tensor  # (B, 1)
-    frequency: torch.Tensor  # (B, 1)
-    presence: torch.Tensor  # (B, 1)
-    output_counts: torch.Tensor  # (B, V) float32 occurrences in the output so far
-    seen: torch.Tensor  # (B, V) bool: in the prompt or the output
-
-    @classmethod
-    def build(cls, params: list, prompts: list[list[int]], outputs: list[list[int]], vocab: int, device) -> "Penalties":
-        """Counts built from flat (row, id) lists: one copy of the ids, then scatters on the device."""
-        def flat(seqs):
-            rows = [i for i, seq in enumerate(seqs) for t in seq if 0 <= t < vocab]
-            ids = [t for seq in seqs for t in seq if 0 <= t < vocab]
-            return torch.tensor([rows, ids], dtype=torch.int64).to(device, non_blocking=True)
-
-        b = len(params)
-        out_idx = flat(outputs)
-        counts = torch.zeros(b, vocab, dtype=torch.float32, device=device)
-        counts.index_put_((out_idx[0], out_idx[1]), torch.ones(out_idx.shape[1], device=device), accumulate=True)
-        seen = counts > 0
-        rep_rows = [p.repetition_penalty != 1.0 for p in params]
-        prompt_idx = flat([seq if want else [] for seq, want in zip(prompts, rep_rows)])
-        seen[prompt_idx[0], prompt_idx[1]] = True
-        vals = torch.tensor([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty] for p in params],
-                            dtype=torch.float32).to(device, non_blocking=True)
-        return cls(vals[:, 0:1], vals[:, 1:2], vals[:, 2:3], counts, seen)
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        rep = torch.where(self.seen, self.repetition, torch.ones_like(self.repetition))
-        logits = torch.where(logits > 0, logits / rep, logits * rep)
-        return logits - self.frequency * self.output_counts - self.presence * (self.output_counts > 0).float()
-
-
 def banned_tokens(params: list, outputs: list[list[int]], eos_ids: list[int], device):
     """(rows, ids) of stop tokens to mask for rows still below min_new_tokens; None when none are."""
     rows, ids = [], []
@@ -206,10 +168,8 @@ def logit_bias_entries(params: list, device):
 
 
 def adjust_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """Penalties, logit biases and min-token masks: what the distribution is sampled (and logprobs
-    taken) from."""
-    if info.penalties is not None:
-        logits = info.penalties.apply(logits)
+    """Logit biases and min-token masks (penalties are applied before, by the worker's
+    `sampling.penalties.PenaltyState`): what the distribution is sampled (and logprobs taken) from."""
     if info.logit_bias is not None:
         rows, ids, vals = info.logit_bias
         logits = logits.index_put((rows, ids), vals.to(logits.dtype), accumulate=True)

@@ -19,8 +19,8 @@ Rows are freed when the request finishes or aborts (`release`, from `TpModelWork
 or is retracted (`TpModelWorker.forget_retracted`), and reused; the tables grow (doubling) when no
 row is free. Every TP rank runs the same steps and releases, so their tables stay identical.
 
-The adjustment is the one `sglang.srt.layers.sampler.Penalties.apply` makes, op for op, so the
-adjusted logits are bitwise the same: HF repetition (divide positive logits, multiply negative ones,
+The adjustment is the one the per-step rebuild (`RebuiltPenaltyState`, the sampler's former
+`Penalties`) makes, op for op, so the adjusted logits are bitwise the same: HF repetition (divide positive logits, multiply negative ones,
 for every token seen in prompt or output), then OpenAI frequency (per output occurrence) and
 presence (once per token present in the output)."""
 

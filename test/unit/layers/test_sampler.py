@@ -82,17 +82,6 @@ def test_unseeded_rows_follow_the_sampler_seed():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
-def test_penalties_follow_hf_and_openai_rules():
-    from sglang.srt.layers.sampler import Penalties
-
-    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
-    p = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
-    pen = Penalties.build([p], prompts=[[1]], outputs=[[0, 0, 2]], vocab=4, device="cpu")
-    out = pen.apply(logits)[0]
-    # token 0: seen, positive -> /2, then 2 occurrences * 0.5 and presence 0.25
-    assert torch.allclose(out, torch.tensor([2.0 / 2 - 1.0 - 0.25, -2.0 * 2, 1.0 / 2 - 0.5 - 0.25, 0.5]))
-
-
 def test_min_new_tokens_bans_stop_tokens_only_below_the_minimum():
     from sglang.srt.layers.sampler import adjust_logits, banned_tokens
 

@@ -38,20 +38,15 @@ def _logits(b: int, g: torch.Generator) -> torch.Tensor:
     return x
 
 
-def test_rebuilt_reference_matches_the_samplers_former_penalties():
-    """While sglang.srt.layers.sampler still has the old class, the reference copy is the same code."""
-    sampler = pytest.importorskip("sglang.srt.layers.sampler")
-    if not hasattr(sampler, "Penalties"):
-        pytest.skip("the sampler's Penalties class is gone")
-    g = torch.Generator().manual_seed(0)
-    reqs = [FakeReq(f"r{i}", [3, 7, 7, 200, i], _params(i)) for i in range(5)]
-    for i, r in enumerate(reqs):
-        r.output_ids = [1, 2, 2, 9 + i][: i + 1]
-    logits = _logits(5, g)
-    old = sampler.Penalties.build([r.sampling_params for r in reqs], [r.origin_input_ids for r in reqs],
-                                  [r.output_ids for r in reqs], V, "cpu").apply(logits)
-    ref = RebuiltPenaltyState(V, "cpu")
-    assert torch.equal(ref.apply(logits, ref.prepare(reqs)), old)
+@pytest.mark.parametrize("state_cls", [PenaltyState, RebuiltPenaltyState])
+def test_penalties_follow_hf_and_openai_rules(state_cls):
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    req = FakeReq("r", [1], SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25))
+    req.output_ids = [0, 0, 2]
+    state = state_cls(4, "cpu")
+    out = state.apply(logits, state.prepare([req]))[0]
+    # token 0: seen, positive -> /2, then 2 occurrences * 0.5 and presence 0.25; token 1: prompt only
+    assert torch.allclose(out, torch.tensor([2.0 / 2 - 1.0 - 0.25, -2.0 * 2, 1.0 / 2 - 0.5 - 0.25, 0.5]))
 
 
 def test_device_state_equals_rebuild_every_step():
