@@ -107,7 +107,29 @@ def pos_embed_cases(presets, dtype) -> list[Case]:
     return out
 
 
-CASE_BUILDERS = {"extend": text_cases, "decode": text_cases, "varlen": vision_cases, "pos_embed": pos_embed_cases}
+VOCABS = {"qwen3-vl-2b": 151936, "qwen3-vl-4b": 151936, "qwen3-vl-8b": 151936, "qwen2.5-vl-3b": 151936,
+          "qwen2.5-vl-7b": 152064}
+
+
+def sampling_cases(presets, dtype) -> list[Case]:
+    """The one-pass sampler over a batch of 160 rows of float32 logits (the logits processor's dtype;
+    one row per case and vocabulary, whatever `dtype`)."""
+    from sgl_kernel.sampling._sample_triton import plan_sample
+
+    if dtype != torch.float32:
+        return []
+    out = []
+    for vocab in sorted({VOCABS[p] for p in presets if p in VOCABS}):
+        b = 160
+        f, i = meta(b, dtype=torch.float32), meta(b, dtype=torch.int64)
+        plan = plan_sample(meta(b, vocab, dtype=torch.float32), f, i, f, f, i, i, meta(b, dtype=torch.int64),
+                           on_cuda=True)
+        out.append(Case(f"sample vocab {vocab} bs{b}", None, torch.float32, [plan]))
+    return out
+
+
+CASE_BUILDERS = {"extend": text_cases, "decode": text_cases, "varlen": vision_cases, "pos_embed": pos_embed_cases,
+                 "sample": sampling_cases}
 
 
 def build_cases(kernels: list[str], presets: list[str], dtypes: list[torch.dtype]) -> list[Case]:

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.attention._common import LaunchPlan
+
 # key(-inf) - 1: below every non-NaN float's key
 _KEY_FLOOR = tl.constexpr(-2139095042)
 
@@ -201,19 +203,26 @@ def _block(vocab: int, cuda: bool) -> int:
     return min(1024 if cuda else 256, triton.next_power_of_2(max(vocab, 16)))
 
 
+def plan_sample(logits, temperatures, top_ks, top_ps, min_ps, seeds, steps, out, on_cuda: bool) -> LaunchPlan:
+    """The launch (shapes, strides and dtypes only: meta tensors do, for the machine-code report)."""
+    batch, vocab = logits.shape
+    return LaunchPlan(
+        _sample_kernel, (batch,),
+        dict(logits_ptr=logits, stride_row=logits.stride(0), temp_ptr=temperatures, topk_ptr=top_ks,
+             topp_ptr=top_ps, minp_ptr=min_ps, seed_ptr=seeds, step_ptr=steps, out_ptr=out),
+        dict(VOCAB=vocab, BLOCK=_block(vocab, on_cuda), PIVOTS=16 if on_cuda else 8),
+        dict(num_warps=8) if on_cuda else {},
+    )
+
+
 def sample_triton(logits, temperatures, top_ks, top_ps, min_ps, seeds, steps) -> torch.Tensor:
     """Launches the kernel; arguments already checked by `sample_from_logits` (1-D per-row tensors,
     logits with unit column stride)."""
-    batch, vocab = logits.shape
+    batch = logits.shape[0]
     out = torch.empty(batch, dtype=torch.int64, device=logits.device)
     if batch == 0:
         return out
-    cuda = logits.is_cuda
-    _sample_kernel[(batch,)](
-        logits, logits.stride(0), temperatures, top_ks, top_ps, min_ps, seeds, steps, out,
-        VOCAB=vocab, BLOCK=_block(vocab, cuda), PIVOTS=16 if cuda else 8,
-        **(dict(num_warps=8) if cuda else {}),
-    )
+    plan_sample(logits, temperatures, top_ks, top_ps, min_ps, seeds, steps, out, logits.is_cuda).launch()
     return out
 
 
