@@ -42,6 +42,9 @@ class SchedulerOutputProcessorMixin:
                 if req.output_ids:  # re-prefill after retraction: its next token is already known
                     self.running.append(req)
                     continue
+                if req.sampling_params.max_new_tokens == 0:  # scoring: the prompt's logprobs, no output token
+                    self.finish(req, FinishReason("length"))
+                    continue
                 timer.add(req.stage_timings_ms, "first_token", (time.time() - req.created_time) * 1e3)
                 self._append_token(req, tok, lp)
                 if not req.finished():

@@ -35,8 +35,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
 
     def verify(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise SamplingParamsError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        # 0: prefill only (prompt logprobs for scoring), no output token
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 0:
+            raise SamplingParamsError(f"max_new_tokens must be a non-negative integer, got {self.max_new_tokens!r}")
         if not 0.0 <= float(self.temperature) <= 100.0:
             raise SamplingParamsError(f"temperature must be in [0, 100], got {self.temperature!r}")
         if not 0.0 < float(self.top_p) <= 1.0:

@@ -164,7 +164,7 @@ def test_completion_stream_without_usage_has_no_usage_chunk():
     ({"n": 0}, "n must be"), ({"best_of": 3}, "best_of"),
     ({"suffix": "z"}, "suffix"), ({"logit_bias": {"1": "high"}}, "logit_bias"),
     ({"prompt": []}, "prompt is empty"),
-    ({"max_tokens": 0}, "max_tokens must be at least 1"), ({"prompt": {"x": 1}}, "prompt"),
+    ({"max_tokens": -1}, "max_tokens must be at least 0"), ({"prompt": {"x": 1}}, "prompt"),
     ({"temperature": "hot"}, "temperature"),
 ])
 def test_completion_refuses_what_it_cannot_do_naming_it(extra, word):

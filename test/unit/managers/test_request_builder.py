@@ -47,7 +47,11 @@ def test_split_chat_images_names_the_problem(msgs, match):
 def test_make_sampling_params():
     sp, to_context = make_sampling_params({"max_new_tokens": None, "temperature": 0, "stop": "x", "top_p": None})
     assert to_context and sp.stop == ["x"] and sp.temperature == 0 and sp.top_p == 1.0
-    for raw, match in (({"temprature": 1}, "temprature"), ({"top_k": 0}, "top_k"), ({"temperature": "hot"}, "temperature"), ([], "object")):
+    sp, to_context = make_sampling_params({"max_new_tokens": 0, "return_logprob": True, "logprob_start_len": 0})
+    assert sp.max_new_tokens == 0 and not to_context and sp.wants_input_logprobs  # prompt scoring
+    for raw, match in (({"temprature": 1}, "temprature"), ({"top_k": 0}, "top_k"), ({"temperature": "hot"}, "temperature"), ([], "object"),
+                       ({"max_new_tokens": -1}, "max_new_tokens must be a non-negative integer"),
+                       ({"max_new_tokens": True}, "max_new_tokens"), ({"max_new_tokens": 0, "min_new_tokens": 1}, "min_new_tokens")):
         with pytest.raises(GenerateError, match=match):
             make_sampling_params(raw)
 

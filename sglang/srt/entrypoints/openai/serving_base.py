@@ -282,8 +282,8 @@ class OpenAIServingBase:
 
 def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str = "max_tokens") -> dict[str, Any]:
     """The sampling parameters chat and completion requests share, by their engine names."""
-    if max_new_tokens is not None and max_new_tokens <= 0:
-        raise GenerateError(f"{limit_name} must be at least 1, got {max_new_tokens}")
+    if max_new_tokens is not None and max_new_tokens < 0:  # 0: score the prompt, generate nothing
+        raise GenerateError(f"{limit_name} must be at least 0, got {max_new_tokens}")
     return {
         "max_new_tokens": max_new_tokens,  # None: up to the context length
         "temperature": req.temperature,

@@ -163,7 +163,7 @@ def test_finish_reason_and_usage():
     assert usage.prompt_tokens_details.cached_tokens == 4
 
 
-def test_sampling_from_request_refuses_a_zero_limit_by_name():
+def test_sampling_from_request_takes_a_zero_limit_and_refuses_a_negative_one_by_name():
     class Req:
         temperature = top_p = top_k = min_p = seed = stop = stop_token_ids = None
         frequency_penalty = presence_penalty = repetition_penalty = min_tokens = logit_bias = None
@@ -174,5 +174,6 @@ def test_sampling_from_request_refuses_a_zero_limit_by_name():
 
     assert sampling_from_request(Req(), 5)["max_new_tokens"] == 5
     assert sampling_from_request(Req(), None)["max_new_tokens"] is None
-    with pytest.raises(GenerateError, match="max_completion_tokens must be at least 1, got 0"):
-        sampling_from_request(Req(), 0, "max_completion_tokens")
+    assert sampling_from_request(Req(), 0)["max_new_tokens"] == 0  # prompt scoring: no output token
+    with pytest.raises(GenerateError, match="max_completion_tokens must be at least 0, got -1"):
+        sampling_from_request(Req(), -1, "max_completion_tokens")
