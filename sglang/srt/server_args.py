@@ -4,22 +4,61 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, get_args, get_origin, get_type_hints
 
 
-def _arg(help: str, choices: tuple | None = None, parse=None, **kw) -> dict:
-    return {"help": help, "choices": choices, "parse": parse, **kw}
+def _arg(help: str, choices: tuple | None = None, parse=None, aliases: tuple[str, ...] = (), **kw) -> dict:
+    """Field metadata: help, argparse choices, a parser for the raw string (errors name the flag) and other
+    spellings of the flag (upstream's long names, this engine's earlier names)."""
+    return {"help": help, "choices": choices, "parse": parse, "aliases": aliases, **kw}
 
 
-def parse_token_count(raw: str) -> int:
-    """An integer, or one with a size suffix as upstream accepts: 128k = 128000, 128K = 131072 (k m g
-    decimal, K M G binary)."""
-    raw = str(raw).strip()
-    units = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
-    if raw and raw[-1] in units:
-        return int(float(raw[:-1]) * units[raw[-1]])
-    return int(raw)
+# Token (and byte) counts take upstream's suffixes, case-sensitive: SI k M G T (x1000) and IEC Ki Mi Gi Ti
+# (x1024); decimals only with an SI suffix and only where the count comes out whole (1.5k = 1500).
+_SI_SUFFIXES = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_COUNT = re.compile(r"(?P<int>-?\d+)|(?P<num>\d+(?:\.\d+)?)(?P<suffix>Ki|Mi|Gi|Ti|k|M|G|T)")
+_SUFFIX_HELP = "an integer, or one with a suffix: k M G T (x1000) or Ki Mi Gi Ti (x1024), case-sensitive"
+
+
+def parse_token_count(raw: str | int) -> int:
+    """A count as upstream's launcher reads it: `4096`, `128k` (128000), `1M` (1000000), `32Ki` (32768),
+    `1.5k` (1500). Anything else is refused, naming the likely intent (`1m` -> 1M, `1KI` -> 1Ki)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    text = str(raw).strip()
+    m = _COUNT.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a count: {_SUFFIX_HELP}{_suffix_hint(text)}")
+    if m["int"] is not None:
+        return int(m["int"])
+    number, suffix = m["num"], m["suffix"]
+    if suffix in _IEC_SUFFIXES:
+        if "." in number:
+            si = suffix[0].replace("K", "k")
+            raise ValueError(f"decimals go with k M G T only, not with {suffix} (write {number}{si} or a whole "
+                             f"number of {suffix})")
+        return int(number) * _IEC_SUFFIXES[suffix]
+    value = Decimal(number) * _SI_SUFFIXES[suffix]
+    if value != value.to_integral_value():
+        raise ValueError(f"{text} is {value.normalize():f}, not a whole number")
+    return int(value)
+
+
+def _suffix_hint(text: str) -> str:
+    m = re.fullmatch(r"\d+(?:\.\d+)?([A-Za-z]+)", text)
+    if m is None:
+        return ""
+    suffix = m[1]
+    if suffix == "K":
+        return " ('K': write k for 1000 or Ki for 1024)"
+    for known in (*_IEC_SUFFIXES, *_SI_SUFFIXES):
+        if suffix.lower() == known.lower() and suffix != known:
+            return f" ({suffix!r}: did you mean {known!r}?)"
+    return f" ({suffix!r} is not a suffix)"
 
 
 def parse_image_limit(raw: str) -> int:
@@ -40,30 +79,39 @@ def parse_image_limit(raw: str) -> int:
     return int(limits.get("image", 0))
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEFAULT_MAX_PAYLOAD_SIZE = 64 * 2**20
+
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @dataclass(frozen=True)
 class ServerArgs:
     model_path: str | None = field(default=None, metadata=_arg(
-        "HF-format model directory; omitted: the embedded tiny Qwen3-VL, generated on first use"))
+        "HF-format model directory, or a hub id found in the local Hugging Face cache (nothing is downloaded); "
+        "omitted: the embedded tiny Qwen3-VL, generated on first use", aliases=("--model",)))
     tokenizer_path: str | None = field(default=None, metadata=_arg("tokenizer directory (default: model path)"))
     served_model_name: str | None = field(default=None, metadata=_arg("name reported by /v1/models"))
     host: str = field(default="127.0.0.1", metadata=_arg("HTTP bind address"))
     port: int = field(default=30000, metadata=_arg("HTTP port"))
-    tp_size: int = field(default=1, metadata=_arg("tensor-parallel ranks (one scheduler process each)"))
+    tp_size: int = field(default=1, metadata=_arg(
+        "tensor-parallel ranks (one scheduler process each)", aliases=("--tensor-parallel-size",)))
     nnodes: int = field(default=1, metadata=_arg("number of nodes"))
     node_rank: int = field(default=0, metadata=_arg("this node's rank"))
-    dist_init_addr: str | None = field(default=None, metadata=_arg("host:port of the torch.distributed rendezvous"))
+    dist_init_addr: str | None = field(default=None, metadata=_arg(
+        "host:port of the torch.distributed rendezvous", aliases=("--nccl-init-addr",)))
     context_length: int | None = field(default=None, metadata=_arg(
-        "max prompt + output tokens (default: model's); size suffixes accepted (128k)", parse=parse_token_count))
+        "max prompt + output tokens (default: the model's); suffixes k M G T (x1000) and Ki Mi Gi Ti (x1024): "
+        "128k = 128000, 128Ki = 131072", parse=parse_token_count))
     chunked_prefill_size: int = field(default=8192, metadata=_arg(
-        "max tokens prefilled per step; longer prompts are split into chunks (-1: no chunking)"))
-    max_prefill_tokens: int = field(default=16384, metadata=_arg("token budget of one prefill batch"))
+        "max tokens prefilled per step; longer prompts are split into chunks (-1: no chunking); 8k accepted",
+        parse=parse_token_count))
+    max_prefill_tokens: int = field(default=16384, metadata=_arg(
+        "token budget of one prefill batch without chunking; 16k accepted", parse=parse_token_count))
     max_running_requests: int | None = field(default=None, metadata=_arg(
         "max requests running at once (default: derived from the KV cache size, 64 to 1024)"))
     max_total_tokens: int | None = field(default=None, metadata=_arg(
-        "KV cache size in tokens (CPU default 65536; GPU default from --mem-fraction-static); 128k accepted",
+        "KV cache size in tokens (CPU default 65536; GPU default from --mem-fraction-static); 128k / 128Ki accepted",
         parse=parse_token_count))
     mem_fraction_static: float = field(default=0.85, metadata=_arg(
         "GPU: fraction of device memory for weights + KV cache"))
@@ -75,7 +123,7 @@ class ServerArgs:
         "how much KV admission holds back for the output of running requests (scales the new-token ratio; "
         "larger: fewer retractions, smaller batches)"))
     log_level: str = field(default="info", metadata=_arg(
-        "logging level", choices=("debug", "info", "warning", "error")))
+        "logging level: debug, info, warning, error or critical (any case)"))
     enable_metrics: bool = field(default=False, metadata=_arg("serve Prometheus metrics on /metrics"))
     enable_vlm_stage_timer: bool = field(default=False, metadata=_arg(
         "time each VLM pipeline stage per request: log lines, meta_info['stage_timings_ms'], metrics"))
@@ -93,8 +141,11 @@ class ServerArgs:
     allow_private_media_urls: bool = field(default=False, metadata=_arg(
         "also fetch image URLs whose host resolves to a loopback, private or link-local address "
         "(refused by default: the server must not be a proxy into its own network)"))
-    max_request_body_mb: float = field(default=64.0, metadata=_arg(
-        "largest HTTP request body accepted, in MiB; larger bodies get 413"))
+    max_payload_size: int | None = field(default=None, metadata=_arg(
+        "largest HTTP request body accepted, in bytes (suffixes as for token counts: 64Mi); larger bodies get 413 "
+        "(default 64 MiB)", parse=parse_token_count))
+    max_request_body_mb: float | None = field(default=None, metadata=_arg(
+        "the same limit in MiB (give one of the two)"))
     random_seed: int = field(default=0, metadata=_arg("seed for sampling without a per-request seed"))
     dtype: str = field(default="auto", metadata=_arg(
         "weight dtype", choices=("auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES)))
@@ -125,15 +176,17 @@ class ServerArgs:
         "accepted for compatibility: the server does no warm-up request"))
     disable_cuda_graph: bool = field(default=False, metadata=_arg(
         "do not capture decode CUDA graphs (GPU only: with the triton attention backend, decode batches up to "
-        "--cuda-graph-max-bs replay captured graphs)"))
-    cuda_graph_max_bs: int | None = field(default=None, metadata=_arg(
+        "--cuda-graph-max-bs-decode replay captured graphs)"))
+    cuda_graph_max_bs_decode: int | None = field(default=None, metadata=_arg(
         "largest decode batch captured in a CUDA graph (default min(160, max running requests); accepted and "
-        "ignored on CPU)"))
-    cuda_graph_bs: tuple[str, ...] | None = field(default=None, metadata=_arg(
-        "decode batch sizes captured in CUDA graphs (GPU only; accepted and ignored on CPU)"))
+        "ignored on CPU)", aliases=("--cuda-graph-max-bs",)))
+    cuda_graph_bs_decode: tuple[str, ...] | None = field(default=None, metadata=_arg(
+        "decode batch sizes captured in CUDA graphs (GPU only; accepted and ignored on CPU)",
+        aliases=("--cuda-graph-bs",)))
     mm_attention_backend: str | None = field(default=None, metadata=_arg(
-        "vision-tower attention: triton (one varlen kernel launch per layer for all images / windows; the "
-        "default on CUDA) or sdpa (torch scaled_dot_product_attention per segment; the CPU default)"))
+        "vision-tower attention: triton_attn (upstream's name; triton is the same: one varlen kernel launch per "
+        "layer for all images / windows; the default on CUDA) or sdpa (torch scaled_dot_product_attention per "
+        "segment; the CPU default)"))
     attention_fp32_precision: str = field(default="tf32", metadata=_arg(
         "float32 matmuls inside our Triton attention kernels on CUDA (--dtype float32): tf32 (tensor cores; "
         "exact float32 dots run on the FMA units and spill registers) or ieee (exact; what the parity tests "
@@ -142,7 +195,8 @@ class ServerArgs:
         "vision tower with Ulysses sequence parallelism at --tp-size > 1: whole vision weights on every rank, "
         "the batch's patches split over the ranks, all-to-alls around attention instead of TP all-reduces "
         "(the vision heads must divide by --tp-size; no effect at --tp-size 1)"))
-    dp_size: int = field(default=1, metadata=_arg("data-parallel replicas: only 1 (run more servers behind a router)"))
+    dp_size: int = field(default=1, metadata=_arg(
+        "data-parallel replicas: only 1 (run more servers behind a router)", aliases=("--data-parallel-size",)))
     quantization: str | None = field(default=None, metadata=_arg("weight quantization: none is supported"))
     kv_cache_dtype: str = field(default="auto", metadata=_arg("KV cache dtype: auto (the model dtype) only"))
     revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
@@ -155,11 +209,11 @@ class ServerArgs:
                 object.__setattr__(self, "limit_mm_per_prompt", parse_image_limit(self.limit_mm_data_per_request))
             except ValueError as e:
                 problems.append(f"--limit-mm-data-per-request: {e}")
-        if self.cuda_graph_bs is not None:
+        if self.cuda_graph_bs_decode is not None:
             try:
-                object.__setattr__(self, "cuda_graph_bs", tuple(int(b) for b in self.cuda_graph_bs))
+                object.__setattr__(self, "cuda_graph_bs_decode", tuple(int(b) for b in self.cuda_graph_bs_decode))
             except ValueError:
-                problems.append(f"--cuda-graph-bs takes integers, got {list(self.cuda_graph_bs)}")
+                problems.append(f"--cuda-graph-bs-decode takes integers, got {list(self.cuda_graph_bs_decode)}")
         if self.mm_feature_transport == "shm":  # this engine's earlier name for the same behaviour
             object.__setattr__(self, "mm_feature_transport", "cpu")
         if self.mm_feature_transport == "cuda_ipc":
@@ -173,8 +227,12 @@ class ServerArgs:
             problems.append(f"--quantization {self.quantization}: quantized weights are not supported")
         if self.kv_cache_dtype not in ("auto", self.dtype):
             problems.append(f"--kv-cache-dtype {self.kv_cache_dtype}: only auto (the model dtype) is supported")
+        if self.mm_attention_backend == "triton_attn":  # upstream's name of the same backend
+            object.__setattr__(self, "mm_attention_backend", "triton")
         if self.mm_attention_backend not in (None, "sdpa", "triton"):
-            problems.append(f"--mm-attention-backend {self.mm_attention_backend}: choose sdpa or triton")
+            problems.append(f"--mm-attention-backend {self.mm_attention_backend}: choose sdpa or triton_attn "
+                            "(triton is the same)")
+        problems += self._limit_problems()
         if self.tp_size < 1:
             problems.append("--tp-size must be >= 1")
         if self.page_size < 1:
@@ -183,14 +241,16 @@ class ServerArgs:
             problems.append("--chunked-prefill-size must be positive or -1")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             problems.append("--max-running-requests must be >= 1")
+        if self.context_length is not None and self.context_length < 2:
+            problems.append("--context-length must be >= 2")
+        if self.max_prefill_tokens < 1:
+            problems.append("--max-prefill-tokens must be >= 1")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             problems.append("--max-total-tokens must be >= 16")
         if self.schedule_conservativeness <= 0:
             problems.append("--schedule-conservativeness must be > 0")
         if not 0 < self.mem_fraction_static < 1:
             problems.append("--mem-fraction-static must be in (0, 1)")
-        if self.max_request_body_mb <= 0:
-            problems.append("--max-request-body-mb must be > 0")
         if self.limit_mm_per_prompt < 0:
             problems.append("--limit-mm-per-prompt must be >= 0")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -201,6 +261,27 @@ class ServerArgs:
             problems.append("--dist-init-addr host:port is required with --nnodes > 1")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _limit_problems(self) -> list[str]:
+        """--log-level and the request body limit, folded into one value each."""
+        problems = []
+        level = str(self.log_level).lower()
+        if level not in LOG_LEVELS:
+            problems.append(f"--log-level {self.log_level}: choose one of {', '.join(LOG_LEVELS)}")
+        object.__setattr__(self, "log_level", level)
+        mb, size = self.max_request_body_mb, self.max_payload_size
+        if mb is not None and not mb > 0:
+            problems.append("--max-request-body-mb must be > 0")
+        elif size is not None and size < 1:
+            problems.append("--max-payload-size must be >= 1 byte")
+        elif mb is not None and size is not None and int(mb * 2**20) != size:
+            problems.append(f"--max-payload-size {size} and --max-request-body-mb {mb} both set the request body "
+                            "limit: give one")
+        else:  # one limit, kept in both units (a copy re-validates consistent values)
+            size = size if size is not None else int(mb * 2**20) if mb is not None else DEFAULT_MAX_PAYLOAD_SIZE
+            object.__setattr__(self, "max_payload_size", size)
+            object.__setattr__(self, "max_request_body_mb", size / 2**20)
+        return problems
 
     # ------------------------------------------------------------------ derived
     def local_tp_ranks(self) -> range:
@@ -235,28 +316,32 @@ class ServerArgs:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         hints = get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
             meta = dict(f.metadata)
+            flags = ("--" + f.name.replace("_", "-"), *meta.get("aliases", ()))
+            flag = flags[0]
             kwargs: dict[str, Any] = {"help": meta.get("help", ""), "dest": f.name}
             typ = hints[f.name]
             if typ is bool:
-                parser.add_argument(flag, action="store_true", default=f.default, **kwargs)
+                parser.add_argument(*flags, action="store_true", default=f.default, **kwargs)
                 continue
             base = _base_type(typ)
             if meta.get("parse") is not None:
-                parser.add_argument(flag, type=_named(meta["parse"], flag), default=f.default, **kwargs)
+                parser.add_argument(*flags, type=_named(meta["parse"], flag), default=f.default, **kwargs)
                 continue
             if get_origin(base) is tuple:  # a list of words: space- or comma-separated
-                parser.add_argument(flag, nargs="+", type=str, default=f.default, **kwargs)
+                parser.add_argument(*flags, nargs="+", type=str, default=f.default, **kwargs)
                 continue
             kwargs["type"] = base
             kwargs["default"] = f.default
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
-            parser.add_argument(flag, **kwargs)
+            parser.add_argument(*flags, **kwargs)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        if getattr(args, "max_payload_size", None) is not None and getattr(args, "max_request_body_mb", None) is not None:
+            raise ValueError(f"--max-payload-size {args.max_payload_size} and --max-request-body-mb "
+                             f"{args.max_request_body_mb} both set the request body limit: give one")
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
         for name, value in values.items():
             if isinstance(value, list):
@@ -290,8 +375,9 @@ def _named(parse, flag: str):
 def log_ignored_flags(args: "ServerArgs", device: str) -> list[str]:
     """One info line per accepted-but-inert flag, so a user sees what did not take effect."""
     lines = []
-    if device != "cuda" and (args.cuda_graph_max_bs or args.cuda_graph_bs or args.disable_cuda_graph):
-        lines.append("CUDA graphs: --cuda-graph-max-bs / --cuda-graph-bs / --disable-cuda-graph have no effect on CPU")
+    if device != "cuda" and (args.cuda_graph_max_bs_decode or args.cuda_graph_bs_decode or args.disable_cuda_graph):
+        lines.append("CUDA graphs: --cuda-graph-max-bs-decode / --cuda-graph-bs-decode / --disable-cuda-graph have no "
+                     "effect on CPU")
     elif device == "cuda" and not args.disable_cuda_graph and args.resolved_attention_backends()[0] != "triton":
         lines.append("CUDA graphs for decode need --attention-backend triton: decode runs eagerly")
     if args.enable_vit_ulysses_sp and args.tp_size == 1:

@@ -29,7 +29,11 @@ def test_switch_table_lists_exactly_the_registered_variables():
 
 def test_every_flag_named_in_the_doc_exists():
     flags = set(re.findall(r"`(--[a-z][a-z0-9-]+)", BUILT))
-    known = {"--" + name.replace("_", "-") for name in ServerArgs.__dataclass_fields__} | {"--help"}
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    known = {opt for action in parser._actions for opt in action.option_strings}  # aliases included
     assert flags - known == set(), sorted(flags - known)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -16,14 +17,75 @@ def test_upstream_launch_command_parses():
                               "--skip-server-warmup", "--cuda-graph-max-bs", "32", "--disable-cuda-graph",
                               "--mm-attention-backend", "sdpa", "--dp-size", "1", "--kv-cache-dtype", "auto",
                               "--api-key", "k", "--chat-template", "/t.jinja"])
-    assert a.tp_size == 4 and a.enable_multimodal and a.trust_remote_code and a.cuda_graph_max_bs == 32
+    assert a.tp_size == 4 and a.enable_multimodal and a.trust_remote_code and a.cuda_graph_max_bs_decode == 32
     assert a.api_key == "k" and a.chat_template == "/t.jinja" and a.mm_attention_backend == "sdpa"
 
 
-@pytest.mark.parametrize("raw, value", [("4096", 4096), ("128k", 128_000), ("128K", 131_072), ("1.5M", 1_572_864)])
-def test_token_counts_take_size_suffixes(raw, value):
+TOKEN_COUNTS = [  # upstream's grammar: SI k M G T, IEC Ki Mi Gi Ti, case-sensitive, decimals with SI only
+    ("4096", 4096), ("-1", -1), (" 512 ", 512), ("128k", 128_000), ("1M", 1_000_000), ("2G", 2 * 10**9),
+    ("1T", 10**12), ("128Ki", 131_072), ("1Mi", 1_048_576), ("1Gi", 2**30), ("1Ti", 2**40), ("1.5k", 1500),
+    ("25.6k", 25_600), ("0.5M", 500_000),
+]
+BAD_TOKEN_COUNTS = [
+    ("1m", "did you mean 'M'"), ("1KI", "did you mean 'Ki'"), ("1mi", "did you mean 'Mi'"), ("128K", "write k"),
+    ("1.5Ki", "decimals go with k M G T only"), ("1.2345k", "1234.5, not a whole number"), ("12x", "'x' is not"),
+    ("k", "not a count"), ("", "not a count"), ("1.5", "not a count"), ("-1k", "not a count"), ("1 k", "not a count"),
+]
+
+
+@pytest.mark.parametrize("raw, value", TOKEN_COUNTS)
+def test_token_counts_take_upstreams_suffixes(raw, value):
     assert parse_token_count(raw) == value
-    assert ServerArgs.from_argv(["--context-length", raw]).context_length == value
+
+
+@pytest.mark.parametrize("raw, phrase", BAD_TOKEN_COUNTS)
+def test_token_counts_refuse_other_suffixes_naming_the_intent(raw, phrase):
+    with pytest.raises(ValueError, match=re.escape(phrase)):
+        parse_token_count(raw)
+
+
+@pytest.mark.parametrize("flag, field", [("--context-length", "context_length"), ("--max-total-tokens", "max_total_tokens"),
+                                         ("--chunked-prefill-size", "chunked_prefill_size"),
+                                         ("--max-prefill-tokens", "max_prefill_tokens")])
+def test_every_token_count_flag_uses_the_one_parser(flag, field, capsys):
+    assert getattr(ServerArgs.from_argv([flag, "16k"]), field) == 16_000
+    assert getattr(ServerArgs.from_argv([flag, "32Ki"]), field) == 32_768
+    with pytest.raises(SystemExit):
+        ServerArgs.from_argv([flag, "1m"])
+    err = capsys.readouterr().err
+    assert f"argument {flag}: '1m': not a count" in err and "did you mean 'M'" in err
+
+
+@pytest.mark.parametrize("argv, field, value", [
+    (["--tensor-parallel-size", "2"], "tp_size", 2), (["--data-parallel-size", "1"], "dp_size", 1),
+    (["--nccl-init-addr", "10.0.0.1:5000"], "dist_init_addr", "10.0.0.1:5000"), (["--model", "/m"], "model_path", "/m"),
+    (["--cuda-graph-max-bs-decode", "8"], "cuda_graph_max_bs_decode", 8),
+    (["--cuda-graph-max-bs", "8"], "cuda_graph_max_bs_decode", 8),
+    (["--cuda-graph-bs-decode", "1", "2", "4"], "cuda_graph_bs_decode", (1, 2, 4)),
+    (["--cuda-graph-bs", "1,2,4"], "cuda_graph_bs_decode", (1, 2, 4)),
+    (["--mm-attention-backend", "triton_attn"], "mm_attention_backend", "triton"),
+    (["--mm-attention-backend", "triton"], "mm_attention_backend", "triton"),
+    (["--log-level", "critical"], "log_level", "critical"), (["--log-level", "WARNING"], "log_level", "warning"),
+    (["--max-payload-size", "1048576"], "max_payload_size", 2**20), (["--max-payload-size", "8Mi"], "max_payload_size", 2**23),
+    (["--max-request-body-mb", "2"], "max_payload_size", 2 * 2**20), ([], "max_payload_size", 64 * 2**20),
+])
+def test_upstream_spellings_reach_one_internal_value(argv, field, value):
+    assert getattr(ServerArgs.from_argv(argv), field) == value
+
+
+def test_one_request_body_limit_in_either_unit():
+    assert ServerArgs(max_payload_size=2**20, max_request_body_mb=1.0).max_payload_size == 2**20  # consistent: one
+    with pytest.raises(ValueError, match="both set the request body limit: give one"):
+        ServerArgs(max_payload_size=100, max_request_body_mb=1)
+
+
+def test_the_normalised_values_survive_a_copy():
+    """Engine re-validates a dataclasses.replace copy: folded values must not clash the second time."""
+    import dataclasses
+
+    a = ServerArgs.from_argv(["--max-request-body-mb", "2", "--mm-attention-backend", "triton_attn"])
+    b = dataclasses.replace(a, model_path="/x")
+    assert (b.max_payload_size, b.mm_attention_backend) == (2 * 2**20, "triton")
 
 
 def test_dtype_aliases_and_image_limit_forms():
@@ -40,8 +102,14 @@ def test_dtype_aliases_and_image_limit_forms():
     (["--dp-size", "2"], "--dp-size 2: data parallelism is not supported"),
     (["--quantization", "fp8"], "--quantization fp8"),
     (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2"),
-    (["--mm-attention-backend", "fa3"], "--mm-attention-backend fa3: choose sdpa or triton"),
-    (["--cuda-graph-bs", "1", "x"], "--cuda-graph-bs takes integers"),
+    (["--data-parallel-size", "2"], "--dp-size 2: data parallelism is not supported"),
+    (["--mm-attention-backend", "fa3"], "--mm-attention-backend fa3: choose sdpa or triton_attn"),
+    (["--cuda-graph-bs", "1", "x"], "--cuda-graph-bs-decode takes integers"),
+    (["--log-level", "verbose"], "--log-level verbose: choose one of debug, info, warning, error, critical"),
+    (["--max-payload-size", "100", "--max-request-body-mb", "1"], "both set the request body limit: give one"),
+    (["--max-payload-size", "0"], "--max-payload-size must be >= 1 byte"),
+    (["--max-request-body-mb", "0"], "--max-request-body-mb must be > 0"),
+    (["--context-length", "1"], "--context-length must be >= 2"),
 ])
 def test_unsupported_values_stop_with_one_clear_line(argv, phrase, capsys):
     with pytest.raises(SystemExit) as e:

@@ -51,6 +51,6 @@ class BodySizeLimit:
         mib = self.max_bytes / 2**20
         response = self.on_refuse(
             f"the request body is too large: {size}, but at most {self.max_bytes} bytes ({mib:g} MiB) are "
-            "accepted (--max-request-body-mb)"
+            "accepted (--max-payload-size / --max-request-body-mb)"
         )
         await response(scope, receive, send)
