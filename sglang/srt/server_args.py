@@ -79,6 +79,15 @@ def parse_image_limit(raw: str) -> int:
     return int(limits.get("image", 0))
 
 
+# --schedule-policy: upstream 0.5.23's values; the ones that need machinery this engine does not have stop
+# start-up with the reason
+SCHEDULE_POLICIES = ("fcfs", "lpm", "random", "dfs-weight", "lof", "priority")
+REFUSED_SCHEDULE_POLICIES = {
+    "routing-key": "it orders requests by the routing key sglang-router attaches for data-parallel attention, "
+                   "which this engine neither receives nor serves",
+    "hrrn": "highest-response-ratio-next is not implemented here",
+    "shortest-prefill-first": "upstream's experimental shortest-prefill-first is not implemented here",
+}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_MAX_PAYLOAD_SIZE = 64 * 2**20
 
@@ -118,7 +127,20 @@ class ServerArgs:
     page_size: int = field(default=1, metadata=_arg("KV cache page size in tokens"))
     disable_radix_cache: bool = field(default=False, metadata=_arg("disable the prefix cache"))
     schedule_policy: str = field(default="fcfs", metadata=_arg(
-        "order of waiting requests", choices=("fcfs", "lpm")))
+        "order of waiting requests: fcfs (arrival), lpm (longest cached prefix first), dfs-weight (depth-first over "
+        "the prefix tree, heaviest subtrees first), lof (largest max_new_tokens first), random, priority (each "
+        "request's priority, then arrival: implies --enable-priority-scheduling)",
+        choices=(*SCHEDULE_POLICIES, *REFUSED_SCHEDULE_POLICIES)))
+    enable_priority_scheduling: bool = field(default=False, metadata=_arg(
+        "order waiting requests by their `priority` (higher first) before the --schedule-policy order, and let a "
+        "request that cannot be admitted preempt running ones of lower priority; without it a request that "
+        "gives a priority gets 400"))
+    schedule_low_priority_values_first: bool = field(default=False, metadata=_arg(
+        "with priority scheduling, lower priority values run first"))
+    priority_scheduling_preemption_threshold: int = field(default=10, metadata=_arg(
+        "smallest priority difference with which a waiting request preempts a running one"))
+    disable_priority_preemption: bool = field(default=False, metadata=_arg(
+        "priority scheduling orders the queue only: running requests are never preempted"))
     schedule_conservativeness: float = field(default=1.0, metadata=_arg(
         "how much KV admission holds back for the output of running requests (scales the new-token ratio; "
         "larger: fewer retractions, smaller batches)"))
@@ -232,7 +254,7 @@ class ServerArgs:
         if self.mm_attention_backend not in (None, "sdpa", "triton"):
             problems.append(f"--mm-attention-backend {self.mm_attention_backend}: choose sdpa or triton_attn "
                             "(triton is the same)")
-        problems += self._limit_problems()
+        problems += self._scheduling_problems() + self._limit_problems()
         if self.tp_size < 1:
             problems.append("--tp-size must be >= 1")
         if self.page_size < 1:
@@ -261,6 +283,19 @@ class ServerArgs:
             problems.append("--dist-init-addr host:port is required with --nnodes > 1")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _scheduling_problems(self) -> list[str]:
+        problems = []
+        if self.schedule_policy in REFUSED_SCHEDULE_POLICIES:
+            problems.append(f"--schedule-policy {self.schedule_policy}: {REFUSED_SCHEDULE_POLICIES[self.schedule_policy]}"
+                            f"; choose one of {', '.join(SCHEDULE_POLICIES)}")
+        elif self.schedule_policy not in SCHEDULE_POLICIES:
+            problems.append(f"--schedule-policy {self.schedule_policy}: choose one of {', '.join(SCHEDULE_POLICIES)}")
+        if self.schedule_policy == "priority":
+            object.__setattr__(self, "enable_priority_scheduling", True)
+        if self.priority_scheduling_preemption_threshold < 0:
+            problems.append("--priority-scheduling-preemption-threshold must be >= 0")
+        return problems
 
     def _limit_problems(self) -> list[str]:
         """--log-level and the request body limit, folded into one value each."""

@@ -83,9 +83,10 @@ def test_the_normalised_values_survive_a_copy():
     """Engine re-validates a dataclasses.replace copy: folded values must not clash the second time."""
     import dataclasses
 
-    a = ServerArgs.from_argv(["--max-request-body-mb", "2", "--mm-attention-backend", "triton_attn"])
+    a = ServerArgs.from_argv(["--max-request-body-mb", "2", "--mm-attention-backend", "triton_attn",
+                              "--schedule-policy", "priority"])
     b = dataclasses.replace(a, model_path="/x")
-    assert (b.max_payload_size, b.mm_attention_backend) == (2 * 2**20, "triton")
+    assert (b.max_payload_size, b.mm_attention_backend, b.enable_priority_scheduling) == (2 * 2**20, "triton", True)
 
 
 def test_dtype_aliases_and_image_limit_forms():
@@ -109,6 +110,9 @@ def test_dtype_aliases_and_image_limit_forms():
     (["--max-payload-size", "100", "--max-request-body-mb", "1"], "both set the request body limit: give one"),
     (["--max-payload-size", "0"], "--max-payload-size must be >= 1 byte"),
     (["--max-request-body-mb", "0"], "--max-request-body-mb must be > 0"),
+    (["--schedule-policy", "routing-key"], "--schedule-policy routing-key: it orders requests by the routing key"),
+    (["--schedule-policy", "hrrn"], "--schedule-policy hrrn: highest-response-ratio-next is not implemented"),
+    (["--schedule-policy", "shortest-prefill-first"], "--schedule-policy shortest-prefill-first: upstream's"),
     (["--context-length", "1"], "--context-length must be >= 2"),
 ])
 def test_unsupported_values_stop_with_one_clear_line(argv, phrase, capsys):

@@ -72,6 +72,7 @@ class TokenizedGenerateReqInput:
     send_time: float = 0.0
     # wall time of the TP broadcast that delivered this request to every rank (set by rank 0)
     tp_broadcast_ms: float = 0.0
+    priority: int = 0  # --enable-priority-scheduling
 
 
 @dataclass

@@ -61,6 +61,8 @@ class Req:
             self.input_top_logprobs = [None] * len(self.input_token_logprobs)
         self.finished_reason: FinishReason | None = None
         self.to_abort: FinishReason | None = None
+        # --enable-priority-scheduling: larger runs first (smaller with --schedule-low-priority-values-first)
+        self.priority = 0
 
         self.req_pool_idx: int = -1
         self._kv_tail: list[torch.Tensor] = []  # decode slots appended since kv_indices was last read

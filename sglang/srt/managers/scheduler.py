@@ -5,6 +5,7 @@ to the detokenizer. The loop itself is small; policy and KV bookkeeping live in 
 from __future__ import annotations
 
 import logging
+import random
 import sys
 import traceback
 
@@ -14,7 +15,13 @@ import zmq
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, init_tp_group
 from sglang.srt.managers.io_struct import FinishReason, SchedulerDied, SchedulerReady
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import NewTokenRatio, PrefillAdder, order_waiting, pick_retract_victim
+from sglang.srt.managers.schedule_policy import (
+    NewTokenRatio,
+    PrefillAdder,
+    order_waiting,
+    pick_retract_victim,
+    preemption_victims,
+)
 from sglang.srt.managers.scheduler_io_mixin import SchedulerIOMixin
 from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
 from sglang.srt.managers.tp_worker import TpModelWorker
@@ -60,6 +67,8 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         self.chunked_req: Req | None = None
         self.outbox: list[Req] = []  # requests with tokens (or a finish) to send this step
         self.num_retractions = 0
+        self.num_preemptions = 0  # running requests put back for a higher-priority one
+        self.policy_rng = random.Random(server_args.random_seed)  # --schedule-policy random: alike on every rank
         self.num_request_errors = 0  # requests ended by an exception in their own processing
         self.new_token_ratio = NewTokenRatio(server_args.schedule_conservativeness)
         self.hash_algo = configured_hash_algo()  # resolved once; items the tokenizer did not hash use it
@@ -90,9 +99,10 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
             adder.free_running += 1  # the chunked request's slot is already its own
             if not adder.add(self.chunked_req):
                 return None
-        candidates = order_waiting(self.waiting, args.schedule_policy, self.kv)
+        candidates = order_waiting(self.waiting, args.schedule_policy, self.kv, args.enable_priority_scheduling,
+                                   args.schedule_low_priority_values_first, self.policy_rng)
         for req in candidates:
-            if not adder.add(req):
+            if not adder.add(req) and not self._preempt_for(req, adder):
                 break
         if not adder.reqs:
             return None
@@ -171,6 +181,27 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         self.new_token_ratio.on_retract(self.running)
         logger.warning("KV cache full: retracted %s (%d retractions so far; new-token ratio now %.2f)",
                        req.rid, self.num_retractions, self.new_token_ratio.value)
+
+    def _preempt_for(self, req: Req, adder: PrefillAdder) -> bool:
+        """Priority scheduling: `req` found no request slot or KV room; running requests of a priority lower
+        by --priority-scheduling-preemption-threshold go back to the queue (their output kept, their KV to
+        the prefix cache) until it fits. Whether `req` was admitted."""
+        args = self.server_args
+        if not args.enable_priority_scheduling or args.disable_priority_preemption or adder.blocked_by == "step":
+            return False
+        for victim in preemption_victims(self.running, req, args.priority_scheduling_preemption_threshold,
+                                         args.schedule_low_priority_values_first):
+            self.running.remove(victim)
+            adder.release_running(victim)
+            self.kv.release(victim)
+            self.worker.forget_retracted(victim.rid)  # its penalty row is rebuilt at the re-prefill
+            self.waiting.append(victim)
+            self.num_preemptions += 1
+            logger.info("preempted %s (priority %d) for %s (priority %d)", victim.rid, victim.priority, req.rid,
+                        req.priority)
+            if adder.add(req):
+                return True
+        return False
 
     def _apply_aborts(self) -> None:
         for req in [r for r in self.running if r.to_abort]:

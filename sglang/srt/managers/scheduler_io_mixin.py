@@ -112,6 +112,7 @@ class SchedulerIOMixin:
         req = Req(recv.rid, recv.input_ids, recv.sampling_params, recv.mm_inputs, recv.stream,
                   recv.created_time, recv.stage_timings_ms)
         req.tp_broadcast_ms = recv.tp_broadcast_ms
+        req.priority = recv.priority
         req.upstream_stages = frozenset(recv.stage_timings_ms)
         if self.stage_timer.enabled:
             if recv.send_time:
