@@ -26,6 +26,29 @@ def _parse_bool(raw: str) -> bool:
 _BOOL_ALIASES = {**{k: "1" for k in ("true", "yes", "y", "on")}, **{k: "0" for k in ("false", "no", "n", "off")}}
 
 
+# SGLANG_RESIZE_RESAMPLE: the PIL.Image filter names upstream accepts
+RESAMPLE_NAMES = ("NEAREST", "BOX", "BILINEAR", "HAMMING", "BICUBIC", "LANCZOS")
+
+
+def _parse_resample(raw: str) -> str:
+    name = raw.strip().upper()
+    if name and name not in RESAMPLE_NAMES:
+        raise ValueError(f"expected one of {', '.join(RESAMPLE_NAMES)} (PIL's resampling filters), got {raw!r}")
+    return name
+
+
+def _parse_pixels(raw: str) -> int | None:
+    if not raw.strip():
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"expected a positive integer number of pixels, got {raw!r}")
+    return value
+
+
 def _parse_choice(raw: str, choices: tuple[str, ...], aliases: dict[str, str] | None = None) -> str:
     v = raw.strip().lower()
     v = (aliases or {}).get(v, v)
@@ -105,6 +128,13 @@ envs.add("SGLANG_MM_PRECOMPUTE_HASH", "1", lambda raw: _parse_choice(raw, ("0", 
 envs.add("SGLANG_MM_HASH_ALGO", "xxh3_128", lambda raw: _parse_choice(raw, ("xxh3_128", "blake3", "sha256")),
          "Image content hash: xxh3_128, blake3 (both over dtype, shape, grid and bytes) or sha256 (the baseline, bytes "
          "only). Unset: xxh3_128, or sha256 when SGLANG_MM_PRECOMPUTE_HASH=0.")
+
+envs.add("SGLANG_IMAGE_MAX_PIXELS", None, _parse_pixels,
+         "Upstream's cap on the pixels of one resized image: lowers the model's max_pixels (never raises it); "
+         "unset: the model's preprocessor config (upstream's default, 12845056, is not applied).")
+envs.add("SGLANG_RESIZE_RESAMPLE", "", _parse_resample,
+         "Upstream's image resize filter by PIL name: NEAREST, BOX, BILINEAR, HAMMING, BICUBIC or LANCZOS; unset: "
+         "the model's preprocessor config (bicubic). Other than BICUBIC, JPEGs are not deferred to the GPU decoder.")
 
 envs.add("SGLANG_GPU_IMAGE_DECODE", "auto", lambda raw: _parse_choice(raw, ("0", "1", "auto"), _BOOL_ALIASES),
          "JPEG images travel compressed: the tokenizer reads only the header (grid, placeholder count) and the "

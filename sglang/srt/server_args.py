@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, get_args, get_origin, get_type_hints
 
+from sglang.srt.environ import envs
+
 
 def _arg(help: str, choices: tuple | None = None, parse=None, aliases: tuple[str, ...] = (), **kw) -> dict:
     """Field metadata: help, argparse choices, a parser for the raw string (errors name the flag) and other
@@ -255,6 +257,11 @@ class ServerArgs:
             problems.append(f"--mm-attention-backend {self.mm_attention_backend}: choose sdpa or triton_attn "
                             "(triton is the same)")
         problems += self._scheduling_problems() + self._limit_problems()
+        for var in (envs.SGLANG_IMAGE_MAX_PIXELS, envs.SGLANG_RESIZE_RESAMPLE):  # read by the image processor
+            try:
+                var.get()
+            except ValueError as e:
+                problems.append(str(e))
         if self.tp_size < 1:
             problems.append("--tp-size must be >= 1")
         if self.page_size < 1:

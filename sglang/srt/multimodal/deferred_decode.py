@@ -234,7 +234,8 @@ _lut_cache: dict = {}
 
 
 def _device_lut(cfg, device: torch.device) -> torch.Tensor:
-    key = (cfg, str(device))
+    # keyed by what the table depends on: requests with their own max_pixels share one table
+    key = (cfg.do_rescale, cfg.rescale_factor, cfg.do_normalize, cfg.image_mean, cfg.image_std, str(device))
     lut = _lut_cache.get(key)
     if lut is None:
         lut = torch.from_numpy(np.ascontiguousarray(cfg._lut)).to(device)

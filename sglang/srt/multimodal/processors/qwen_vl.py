@@ -58,6 +58,7 @@ from sglang.srt.multimodal.processors.base import (
     BaseMultimodalProcessor,
     MultimodalInputError,
 )
+from sglang.srt.multimodal.processors.image_options import apply_server_overrides, request_image_config
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -362,7 +363,8 @@ class QwenVLProcessor(BaseMultimodalProcessor):
                 if self.model_type in QWEN3_VL_MODEL_TYPES
                 else QwenVLImageProcessor(min_pixels=3136, max_pixels=12845056)
             )
-        self.image_processor = image_processor
+        # SGLANG_IMAGE_MAX_PIXELS / SGLANG_RESIZE_RESAMPLE; a request may narrow it further (image_config)
+        self.image_processor = image_processor = apply_server_overrides(image_processor)
         self.image_token_id = int(image_token_id)
         self.video_token_id = int(video_token_id)
         self.vision_start_token_id = int(vision_start_token_id)
@@ -422,22 +424,29 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         return cls.from_config_dicts(hf_config, pp, tokenizer, **kwargs)
 
     # ------------------------------------------------------------------ #
-    def load_and_process_image(self, source: ImageInput) -> ProcessedImage:
-        """Decode + preprocess one image; pure and thread-safe. With `deferred_jpeg`, a plain JPEG is
-        only sized from its header and its pixel_values is an `EncodedImage` (decoded where the vision
-        tower runs); everything else takes the full path."""
-        if self.deferred_jpeg:
+    def image_config(self, kwargs: Mapping[str, Any] | None, name: str = "mm_processor_kwargs") -> QwenVLImageProcessor:
+        """The image processor config of a request giving `kwargs` (max_pixels, min_pixels) in its field
+        `name`; raises MultimodalInputError naming a key it cannot honour."""
+        return request_image_config(self.image_processor, kwargs, name)
+
+    def load_and_process_image(self, source: ImageInput, cfg: QwenVLImageProcessor | None = None) -> ProcessedImage:
+        """Decode + preprocess one image with `cfg` (default: the server's); pure and thread-safe. With
+        `deferred_jpeg`, a plain JPEG is only sized from its header and its pixel_values is an
+        `EncodedImage` (decoded where the vision tower runs; the GPU decoder resizes bicubic only);
+        everything else takes the full path."""
+        cfg = cfg or self.image_processor
+        if self.deferred_jpeg and cfg.resample == _RESAMPLE_BICUBIC:
             data = load_image_bytes(source, allowed_local_media_path=self.allowed_local_media_path)
             if data is not None:
                 from sglang.srt.multimodal.deferred_decode import defer_jpeg
 
-                enc = defer_jpeg(data, self.image_processor, self.max_image_pixels)
+                enc = defer_jpeg(data, cfg, self.max_image_pixels)
                 if enc is not None:
                     return ProcessedImage(enc, enc.grid_thw)
                 source = data
         return load_and_process_image(
             source,
-            self.image_processor,
+            cfg,
             allowed_local_media_path=self.allowed_local_media_path,
             max_image_pixels=self.max_image_pixels,
         )
@@ -448,9 +457,11 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         images: Sequence[ImageInput] | None = None,
         *,
         executor: Executor | None = None,
+        image_config: QwenVLImageProcessor | None = None,
         **kwargs: Any,
     ) -> tuple[list[int], MultimodalInputs]:
-        """Tokenize (if needed), preprocess images and expand the image placeholders.
+        """Tokenize (if needed), preprocess images (with `image_config`, a request's own config from
+        `image_config()`, else the server's) and expand the image placeholders.
 
         Returns ``(input_ids, MultimodalInputs)``; ``mm_items[i].offsets`` is the
         half-open range of the i-th image's ``<|image_pad|>`` tokens in ``input_ids``.
@@ -472,7 +483,7 @@ class QwenVLProcessor(BaseMultimodalProcessor):
 
         def _one(idx: int, src: ImageInput) -> ProcessedImage:
             try:
-                return self.load_and_process_image(src)
+                return self.load_and_process_image(src, image_config)
             except ImageLoadError as e:
                 if len(images) > 1:
                     raise ImageLoadError(f"image {idx}: {e}") from e
