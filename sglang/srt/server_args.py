@@ -91,6 +91,7 @@ REFUSED_SCHEDULE_POLICIES = {
     "shortest-prefill-first": "upstream's experimental shortest-prefill-first is not implemented here",
 }
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}  # Python's logging takes these too
 DEFAULT_MAX_PAYLOAD_SIZE = 64 * 2**20
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -147,7 +148,7 @@ class ServerArgs:
         "how much KV admission holds back for the output of running requests (scales the new-token ratio; "
         "larger: fewer retractions, smaller batches)"))
     log_level: str = field(default="info", metadata=_arg(
-        "logging level: debug, info, warning, error or critical (any case)"))
+        "logging level: debug, info, warning (warn), error or critical (fatal), any case"))
     enable_metrics: bool = field(default=False, metadata=_arg("serve Prometheus metrics on /metrics"))
     enable_vlm_stage_timer: bool = field(default=False, metadata=_arg(
         "time each VLM pipeline stage per request: log lines, meta_info['stage_timings_ms'], metrics"))
@@ -308,6 +309,7 @@ class ServerArgs:
         """--log-level and the request body limit, folded into one value each."""
         problems = []
         level = str(self.log_level).lower()
+        level = LOG_LEVEL_ALIASES.get(level, level)
         if level not in LOG_LEVELS:
             problems.append(f"--log-level {self.log_level}: choose one of {', '.join(LOG_LEVELS)}")
         object.__setattr__(self, "log_level", level)

@@ -66,6 +66,7 @@ def test_every_token_count_flag_uses_the_one_parser(flag, field, capsys):
     (["--mm-attention-backend", "triton_attn"], "mm_attention_backend", "triton"),
     (["--mm-attention-backend", "triton"], "mm_attention_backend", "triton"),
     (["--log-level", "critical"], "log_level", "critical"), (["--log-level", "WARNING"], "log_level", "warning"),
+    (["--log-level", "warn"], "log_level", "warning"), (["--log-level", "FATAL"], "log_level", "critical"),
     (["--max-payload-size", "1048576"], "max_payload_size", 2**20), (["--max-payload-size", "8Mi"], "max_payload_size", 2**23),
     (["--max-request-body-mb", "2"], "max_payload_size", 2 * 2**20), ([], "max_payload_size", 64 * 2**20),
 ])
