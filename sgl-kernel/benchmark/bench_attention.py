@@ -24,21 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from sgl_kernel.attention import decode_attention_fwd, extend_attention_fwd
+from sgl_kernel.benchmarking import timed_ms as _timed_ms
 
 HQ, HK, D, PAGE = 32, 8, 128, 16
 
 
 def timed_ms(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return _timed_ms(fn, iters, cuda=True, warmup=3)
 
 
 def paged_pool(kv_lens: list[int], g: torch.Generator):

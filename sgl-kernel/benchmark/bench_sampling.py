@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 
 import torch
 
+from sgl_kernel.benchmarking import timed_ms
 from sglang.srt.layers.sampler import Sampler, SamplingBatchInfo, sample_torch
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.testing.op_count import count_large_passes
@@ -50,25 +50,6 @@ def torch_passes(mix: str) -> int:
     logits, info = _batch(4, 1000, mix, "cpu")
     _, _, ops = count_large_passes(lambda: sample_torch(logits, info), logits.numel(), by_op=True)
     return sum(c for name, c in ops.items() if not _metadata_only(name))
-
-
-def timed_ms(fn, iters: int, cuda: bool) -> float:
-    fn()
-    if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
-    best = float("inf")  # CPU: the fastest step (shared machines add noise, never remove time)
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def main() -> None:
