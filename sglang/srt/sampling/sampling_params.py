@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang.srt.constrained.request_fields import GRAMMAR_KINDS, ConstraintError, checked_sampling_constraint
+
 
 class SamplingParamsError(ValueError):
     pass
@@ -33,6 +35,11 @@ class SamplingParams:
     return_text_in_logprobs: bool = False  # each logprob entry's third element: the token's text, not null
     # token id -> added to its logit before sampling (OpenAI's logit_bias; JSON keys arrive as strings)
     logit_bias: dict[int, float] | None = None
+    # output constraints (at most one; sglang/srt/constrained): a JSON schema (its JSON text; an object
+    # is accepted and turned into its text), a regex, or an EBNF grammar the whole output must match
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def verify(self) -> None:
         # 0: prefill only (prompt logprobs for scoring), no output token
@@ -71,6 +78,18 @@ class SamplingParams:
             self.logit_bias = _checked_logit_bias(self.logit_bias)
         if not isinstance(self.logprob_start_len, int) or isinstance(self.logprob_start_len, bool) or self.logprob_start_len < -1:
             raise SamplingParamsError(f"logprob_start_len must be -1 or a non-negative integer, got {self.logprob_start_len!r}")
+        try:
+            checked_sampling_constraint(self)
+        except ConstraintError as e:
+            raise SamplingParamsError(str(e)) from None
+
+    def grammar_key(self) -> tuple[str, str] | None:
+        """(kind, text) of the output constraint (after verify), or None."""
+        for kind in GRAMMAR_KINDS:
+            value = getattr(self, kind)
+            if value is not None:
+                return kind, value
+        return None
 
     @property
     def is_greedy(self) -> bool:

@@ -1,0 +1,99 @@
+"""A request's grammar state while it decodes, and the token bitmask applied to a batch's logits.
+
+Each constrained request (each of n copies, on every TP rank) owns a `RequestGrammar`: an xgrammar
+matcher that has accepted exactly the request's output tokens so far. Each step the worker fills one
+bitmask row per constrained request and applies them to the logits in one op before sampling; a batch
+without constrained requests pays nothing. Every rank drives its matchers from the same sampled tokens,
+so their bitmasks are identical.
+
+Retraction and preemption keep a request's output tokens (its re-prefill only rebuilds KV), so its
+matcher stays valid; `sync` still checks the count before each fill and rolls back, or replays from the
+grammar's start, whenever output and matcher disagree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RequestGrammar:
+    def __init__(self, matcher, key: tuple[str, str] | None = None):
+        self.matcher = matcher
+        self.key = key
+        self.accepted: list[int] = []  # the output tokens the matcher has accepted, in order
+
+    def accept(self, token: int) -> bool:
+        """Advance by a sampled token; False (state unchanged) when the grammar does not allow it."""
+        if not self.matcher.accept_token(int(token)):
+            return False
+        self.accepted.append(int(token))
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def sync(self, output_ids: list[int]) -> None:
+        """Bring the matcher to the state after `output_ids`: nothing when it is there already; a rollback
+        when it ran ahead on the same tokens; otherwise a replay from the grammar's start."""
+        n = len(self.accepted)
+        if n == len(output_ids) and (n == 0 or self.accepted[-1] == output_ids[-1]):
+            return
+        if n > len(output_ids) and self.accepted[: len(output_ids)] == list(output_ids):
+            self.matcher.rollback(n - len(output_ids))
+            del self.accepted[len(output_ids):]
+            return
+        self.matcher.reset()
+        self.accepted = []
+        for tok in output_ids:
+            if not self.accept(tok):
+                raise ValueError(f"output token {tok} at position {len(self.accepted)} does not fit the grammar")
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def grammar_rows(grammars: list[RequestGrammar | None]) -> list[int]:
+    """Rows whose request decodes under a grammar that is still open."""
+    return [i for i, g in enumerate(grammars) if g is not None and not g.is_terminated()]
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | None], outputs: list[list[int]],
+                          vocab_size: int) -> list[int]:
+    """Masks, in place, every token the row's grammar does not allow next (-inf), for the constrained rows
+    of `logits` (B, >= vocab_size); unconstrained rows are untouched. Returns the constrained rows."""
+    rows = grammar_rows(grammars)
+    if not rows:
+        return rows
+    import xgrammar as xg
+
+    bitmask = xg.allocate_token_bitmask(len(grammars), vocab_size)
+    for i in rows:
+        grammars[i].sync(outputs[i])
+        grammars[i].fill(bitmask, i)
+    width = logits.shape[-1]
+    if logits.device.type == "cpu":
+        xg.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(width, vocab_size), indices=rows)
+    else:  # one unpack + masked_fill on the device: no kernel compiled at run time
+        bits = bitmask[rows].to(logits.device, non_blocking=True)
+        shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+        allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, : min(width, vocab_size)].bool()
+        idx = torch.tensor(rows, device=logits.device)
+        sub = logits[idx, : allowed.shape[1]].masked_fill(~allowed, float("-inf"))
+        logits[idx, : allowed.shape[1]] = sub
+    if width > vocab_size:  # padded logits: the padding is never a token
+        logits[rows, vocab_size:] = float("-inf")
+    return rows
+
+
+def revive_dead_rows(adjusted: torch.Tensor, grammar_masked: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Rows that other masks (min_new_tokens bans on EOS) left with no allowed token while their grammar
+    allows only those tokens: the grammar wins (its allowed tokens, unbanned). Call only when a ban and a
+    grammar share a row: this reads a flag back from the device."""
+    idx = torch.tensor(rows, device=adjusted.device)
+    dead = torch.isneginf(adjusted[idx]).all(dim=-1)
+    if not bool(dead.any()):
+        return adjusted
+    adjusted = adjusted.clone()
+    for i in idx[dead].tolist():
+        adjusted[i] = grammar_masked[i]
+    return adjusted

@@ -1,0 +1,106 @@
+"""xgrammar as the grammar backend: the tokenizer's vocabulary as xgrammar sees it (built once per
+process, it walks the whole vocabulary) and one compiler over it.
+
+A grammar key is `(kind, text)`: kind is the sampling parameter that carried it (`json_schema`,
+`regex`, `ebnf`). Compiling is pure C++ that releases the GIL: callers run it in worker threads
+(`grammar_cache.GrammarCache`). Compiled grammars do not pickle (xgrammar's JSON serialization of one
+is megabytes at a 152k vocabulary), so each process compiles from the key it received.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+GRAMMAR_BACKENDS = ("xgrammar", "none")
+
+
+class GrammarCompileError(ValueError):
+    """The grammar is invalid (or uses what xgrammar does not support); the message names the problem."""
+
+
+@dataclass(frozen=True)
+class JsonOptions:
+    """--constrained-json-disable-any-whitespace, --constrained-json-max-whitespace-cnt."""
+
+    disable_any_whitespace: bool = False
+    max_whitespace_cnt: int | None = None
+
+    @classmethod
+    def from_server_args(cls, args) -> "JsonOptions":
+        return cls(bool(getattr(args, "constrained_json_disable_any_whitespace", False)),
+                   getattr(args, "constrained_json_max_whitespace_cnt", None))
+
+
+class XGrammarBackend:
+    """Compiles grammar keys against one tokenizer. `tokenizer` is a loaded HF tokenizer, or a path
+    (loaded on first use, in the compiling thread). `vocab_size` is the model's (its logits' width);
+    `stop_token_ids` end a completed grammar (the model's EOS ids)."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int] | None = None,
+                 json_options: JsonOptions = JsonOptions(), max_threads: int = 2):
+        self._tokenizer = tokenizer
+        self.vocab_size = int(vocab_size)
+        self.stop_token_ids = sorted(stop_token_ids) if stop_token_ids else None
+        self.json_options = json_options
+        self._max_threads = max_threads
+        self._compiler = None
+        self._info = None
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer_info(self):
+        self._ensure()
+        return self._info
+
+    def _ensure(self) -> None:
+        with self._lock:
+            if self._compiler is not None:
+                return
+            import xgrammar as xg
+
+            tok = self._tokenizer
+            if isinstance(tok, str):
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(tok)
+            self._info = xg.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size,
+                                                           stop_token_ids=self.stop_token_ids)
+            # our own LRU (grammar_cache) bounds what is kept: xgrammar's cache stays off
+            self._compiler = xg.GrammarCompiler(self._info, max_threads=self._max_threads, cache_enabled=False)
+
+    def compile(self, key: tuple[str, str]):
+        """The CompiledGrammar of `key`; GrammarCompileError naming the problem if it does not compile."""
+        self._ensure()
+        kind, text = key
+        opts = self.json_options
+        try:
+            if kind == "json_schema":
+                return self._compiler.compile_json_schema(
+                    text, any_whitespace=not opts.disable_any_whitespace, max_whitespace_cnt=opts.max_whitespace_cnt)
+            if kind == "regex":
+                return self._compiler.compile_regex(text)
+            if kind == "ebnf":
+                return self._compiler.compile_grammar(text)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise GrammarCompileError(f"invalid {kind}: {_clean(str(e))}") from None
+        raise GrammarCompileError(f"unknown grammar kind {kind!r}")
+
+    def matcher(self, compiled):
+        """A fresh matcher at the grammar's start (rollback kept for as many tokens as asked)."""
+        import xgrammar as xg
+
+        return xg.GrammarMatcher(compiled, override_stop_tokens=self.stop_token_ids)
+
+
+def _clean(message: str) -> str:
+    """xgrammar's error text without its `[time] /path/file.cc:line:` prefix and the schema echo."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    text = " ".join(lines) if lines else message
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+        head, sep, rest = text.partition(": ")
+        if sep and ".cc:" in head:
+            text = rest
+    text = text.split(" The JSON string is:", 1)[0]
+    return text[:500]

@@ -1,0 +1,103 @@
+"""The decoding side: a request's matcher follows its output (accept, terminate, rollback and replay
+after a retraction), and the bitmask masks exactly the disallowed tokens of constrained rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sglang.srt.constrained.matcher import RequestGrammar, apply_grammar_bitmask, revive_dead_rows
+from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
+
+VOCAB = 151936
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir):
+    path = str(tiny_model_dir("qwen3-vl-tiny"))
+    assert json.load(open(f"{path}/config.json"))["text_config"]["vocab_size"] == VOCAB
+    return XGrammarBackend(path, VOCAB, stop_token_ids=[151645])
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir("qwen3-vl-tiny")))
+
+
+def _grammar(backend, key):
+    return RequestGrammar(backend.matcher(backend.compile(key)), key)
+
+
+def _allowed(backend, g: RequestGrammar) -> set[int]:
+    logits = torch.zeros(1, VOCAB)
+    apply_grammar_bitmask(logits, [g], [list(g.accepted)], VOCAB)
+    return set(torch.isfinite(logits[0]).nonzero().view(-1).tolist())
+
+
+def test_bitmask_masks_constrained_rows_only(backend, tok):
+    g = _grammar(backend, ("regex", "(yes|no)"))
+    logits = torch.randn(3, VOCAB + 64)  # padded width, as some checkpoints' heads are
+    before = logits.clone()
+    rows = apply_grammar_bitmask(logits, [None, g, None], [[], [], []], VOCAB)
+    assert rows == [1]
+    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
+    allowed = torch.isfinite(logits[1]).nonzero().view(-1).tolist()
+    assert allowed and all(t < VOCAB for t in allowed)
+    texts = {tok.decode([t]) for t in allowed}
+    assert all("yes".startswith(t) or "no".startswith(t) for t in texts), texts
+    assert torch.equal(logits[1, allowed], before[1, allowed])  # allowed logits unchanged
+    assert apply_grammar_bitmask(logits, [None, None], [[], []], VOCAB) == []  # nothing to do
+
+
+def test_matcher_follows_the_output_to_termination(backend, tok):
+    g = _grammar(backend, ("regex", "ab"))
+    ids = tok.encode("ab", add_special_tokens=False)
+    for t in ids:
+        assert g.accept(t)
+    assert not g.is_terminated()
+    assert _allowed(backend, g) == {151645}  # complete: only the stop token
+    bad = tok.encode("z", add_special_tokens=False)[0]
+    assert not g.accept(bad) and g.accepted == ids  # refused tokens change nothing
+    assert g.accept(151645) and g.is_terminated()
+
+
+def test_sync_after_retraction_rolls_back_or_replays(backend, tok):
+    key = ("json_schema", json.dumps({"type": "object", "properties": {"k": {"enum": ["red", "green"]}},
+                                      "required": ["k"]}))
+    ids = tok.encode('{"k": "gr', add_special_tokens=False)
+    g = _grammar(backend, key)
+    for t in ids:
+        assert g.accept(t)
+    expected = _allowed(backend, g)
+    fresh = _grammar(backend, key)
+    fresh.sync(ids)  # a rebuilt matcher (e.g. a new rank-local object) replays the output
+    assert fresh.accepted == ids and _allowed(backend, fresh) == expected
+    g.sync(ids[:-2])  # output shortened: rolled back to the same state a fresh replay reaches
+    short = _grammar(backend, key)
+    short.sync(ids[:-2])
+    assert g.accepted == ids[:-2] and _allowed(backend, g) == _allowed(backend, short)
+    g.sync(ids)  # and forward again
+    assert _allowed(backend, g) == expected
+    other = tok.encode('{"k": "re', add_special_tokens=False)
+    g.sync(other)  # a different history: replayed from the start
+    assert g.accepted == other and _allowed(backend, g) != expected
+
+
+def test_a_grammar_overrides_a_ban_that_would_leave_no_token(backend, tok):
+    g = _grammar(backend, ("regex", "a"))
+    for t in tok.encode("a", add_special_tokens=False):
+        g.accept(t)
+    logits = torch.randn(2, VOCAB)
+    apply_grammar_bitmask(logits, [None, g], [[], list(g.accepted)], VOCAB)
+    masked = logits.clone()
+    banned = logits.clone()
+    banned[1, 151645] = float("-inf")  # min_new_tokens bans EOS: nothing left
+    out = revive_dead_rows(banned, masked, [1])
+    assert torch.isfinite(out[1]).nonzero().view(-1).tolist() == [151645]
+    assert torch.equal(out[0], banned[0])
+    untouched = logits.clone()
+    assert revive_dead_rows(untouched, masked, [1]) is untouched
