@@ -63,6 +63,9 @@ class Req:
         self.to_abort: FinishReason | None = None
         # --enable-priority-scheduling: larger runs first (smaller with --schedule-low-priority-values-first)
         self.priority = 0
+        # constrained output: the request's grammar matcher (sglang/srt/constrained/matcher.py), set when
+        # its grammar has compiled on this rank; it has accepted exactly output_ids
+        self.grammar = None
 
         self.req_pool_idx: int = -1
         self._kv_tail: list[torch.Tensor] = []  # decode slots appended since kv_indices was last read

@@ -12,6 +12,7 @@ import traceback
 import torch
 import zmq
 
+from sglang.srt.constrained.scheduler_grammar import GrammarQueue
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, init_tp_group
 from sglang.srt.managers.io_struct import FinishReason, SchedulerDied, SchedulerReady
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -72,6 +73,11 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         self.num_request_errors = 0  # requests ended by an exception in their own processing
         self.new_token_ratio = NewTokenRatio(server_args.schedule_conservativeness)
         self.hash_algo = configured_hash_algo()  # resolved once; items the tokenizer did not hash use it
+        # constrained requests wait here (no KV held) while their grammar compiles; None: --grammar-backend none
+        self.grammar_queue = None
+        if getattr(server_args, "grammar_backend", "xgrammar") != "none":
+            self.grammar_queue = GrammarQueue(server_args, self._tokenizer_path, self.worker.vocab_size,
+                                              self.eos_ids, tp)
 
         self.recv_socket = self.send_socket = None
         if port_args is not None and tp.rank == 0:
@@ -84,6 +90,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
     # ------------------------------------------------------------------ scheduling
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         self._apply_aborts()
+        self._admit_compiled_grammars()
         batch = self.get_new_batch_prefill()
         if batch is not None:
             return batch
@@ -129,6 +136,16 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
                               prefix_lens=[r.kv_len - n for r, n in zip(reqs, lens)])
         batch.out_cache_loc = torch.cat(locs)
         return batch
+
+    def _admit_compiled_grammars(self) -> None:
+        """Constrained requests whose grammar is ready on every rank join the waiting queue; one that failed
+        to compile ends with a 400 naming the problem (the tokenizer manager checked it: rare)."""
+        if not self.grammar_queue:
+            return
+        ready, failed = self.grammar_queue.pop_ready()
+        self.waiting.extend(ready)
+        for req, message in failed:
+            self.finish(req, FinishReason("abort", message=message, status_code=400))
 
     def _take_from_waiting(self, req: Req) -> None:
         if req is not self.chunked_req:
@@ -240,6 +257,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
 
     def _fail_all(self, error: BaseException) -> None:
         reqs = self.running + ([self.chunked_req] if self.chunked_req else []) + self.waiting
+        reqs += self.grammar_queue.drain() if self.grammar_queue else []
         self.running, self.chunked_req, self.waiting = [], None, []
         for req in reqs:
             self._fail(req, error)

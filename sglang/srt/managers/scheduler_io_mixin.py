@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 class SchedulerIOMixin:
     _profiler: SchedulerProfiler | None = None  # made by the first ProfileReq
+    grammar_queue = None  # constrained requests compiling their grammar (the Scheduler sets it)
 
     # ------------------------------------------------------------------ input
     @property
@@ -44,13 +45,15 @@ class SchedulerIOMixin:
         return self._tokenizer
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req)
+        return not (self.waiting or self.running or self.chunked_req or self.grammar_queue)
 
     def recv_requests(self) -> list:
         """Rank 0 drains the tokenizer's socket; every rank gets the same list (TP broadcast)."""
         msgs = []
         if self.recv_socket is not None:
-            if self.is_idle() and not self.recv_socket.poll(timeout=1000):
+            # only grammars compiling: wait for input a little, not a busy loop, nor a whole second
+            only_compiling = not (self.waiting or self.running or self.chunked_req) and bool(self.grammar_queue)
+            if (self.is_idle() or only_compiling) and not self.recv_socket.poll(timeout=5 if only_compiling else 1000):
                 return broadcast_pyobj([], self.tp)
             while True:
                 try:
@@ -131,6 +134,14 @@ class SchedulerIOMixin:
                 with self.stage_timer.measure(req.stage_timings_ms, "hash"):
                     ensure_item_hashes(req.mm_inputs, self.hash_algo)
             req.prompt_key = pad_input_ids(req.origin_input_ids, req.mm_inputs)
+        key = req.sampling_params.grammar_key()
+        if key is not None:
+            if self.grammar_queue is None:
+                self.finish(req, FinishReason("abort", status_code=400, message=f"{key[0]} is not supported: this "
+                                              "server runs with --grammar-backend none"))
+            else:
+                self.grammar_queue.add(req, key)  # joins the waiting queue once compiled on every rank
+            return
         self.waiting.append(req)
 
     def _validate(self, req: Req) -> str | None:
@@ -151,6 +162,10 @@ class SchedulerIOMixin:
         return None
 
     def handle_abort(self, rid: str, reason: str) -> None:
+        compiling = self.grammar_queue.remove(rid) if self.grammar_queue else None
+        if compiling is not None:
+            self.finish(compiling, FinishReason("abort", message=reason))
+            return
         for i, req in enumerate(self.waiting):
             if req.rid == rid:
                 del self.waiting[i]

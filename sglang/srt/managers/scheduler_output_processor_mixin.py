@@ -61,6 +61,10 @@ class SchedulerOutputProcessorMixin:
         if logprob is not None:
             req.output_token_logprobs.append((logprob[0], tok))
             req.output_top_logprobs.append(logprob[1])
+        if req.grammar is not None and not req.grammar.accept(tok):  # the bitmask allowed it: cannot happen
+            self.running = [r for r in self.running if r is not req]
+            self._fail(req, ValueError(f"sampled token {tok} does not fit the request's {req.grammar.key[0]}"))
+            return
         try:
             reason = self._check_finished(req, tok)
         except Exception as e:  # e.g. a tokenizer failure while matching stop strings
@@ -78,6 +82,8 @@ class SchedulerOutputProcessorMixin:
         if tok in self.eos_ids and not sp.ignore_eos:
             return FinishReason("stop", matched=tok)
         if tok in sp.stop_token_ids:
+            return FinishReason("stop", matched=tok)
+        if req.grammar is not None and req.grammar.is_terminated():  # the grammar is complete (its stop token)
             return FinishReason("stop", matched=tok)
         if sp.stop:
             tail = self.tokenizer.decode(req.output_ids[-(8 + max(len(s) for s in sp.stop)) :])

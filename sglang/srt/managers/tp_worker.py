@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from sglang.srt.constrained.matcher import apply_grammar_bitmask, revive_dead_rows
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.sampler import (
     Sampler,
@@ -76,9 +77,15 @@ class TpModelWorker:
         penalized = self.penalties.prepare(reqs)  # None when no request of the batch has a penalty
         if penalized is not None:
             logits = self.penalties.apply(logits, penalized)
+        grammar_rows = []
+        if any(r.grammar is not None for r in reqs):  # constrained output: disallowed tokens -inf, in place
+            grammar_rows = apply_grammar_bitmask(logits, [r.grammar for r in reqs], outputs, self.vocab_size)
+        grammar_masked = logits
         info.banned = banned_tokens(params, outputs, self.eos_ids, runner.device)
         info.logit_bias = logit_bias_entries(params, runner.device)
         logits = adjust_logits(logits, info)  # after the penalties, as the sampler's own order has it
+        if grammar_rows and info.banned is not None:  # a min_new_tokens ban must not leave a row no token
+            logits = revive_dead_rows(logits, grammar_masked, grammar_rows)
         ids = self.sampler(logits, info)
         logprobs = None
         if any(p.return_logprob or p.top_logprobs_num for p in params):
