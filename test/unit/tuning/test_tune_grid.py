@@ -96,5 +96,5 @@ def test_validation_names_the_problem():
         check(["port=1,2"])
     with pytest.raises(g.GridError, match=r"\[page-size=0\].*page-size must be >= 1"):
         check(["page-size=1,0"])
-    with pytest.raises(g.GridError, match=r"\[chunked-prefill-size=x\].*invalid int"):
+    with pytest.raises(g.GridError, match=r"\[chunked-prefill-size=x\].*'x': not a count"):
         check(["chunked-prefill-size=x"])

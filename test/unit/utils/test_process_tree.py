@@ -28,13 +28,15 @@ def test_tree_finds_children_and_grandchildren_and_sums_their_memory():
 
 def test_memory_status_splits_resident_memory_into_its_parts():
     m = memory_status(os.getpid())
-    assert set(m) == {"VmRSS", "RssAnon", "RssFile", "RssShmem"}
+    assert set(m) == {"VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM"}
     assert m["RssAnon"] > 0 and m["RssFile"] > 0
+    assert m["VmHWM"] >= m["VmRSS"]  # the peak so far
     # the parts are read a moment apart from the whole, and the kernel counts them per page: allow a little
     assert abs(m["VmRSS"] - (m["RssAnon"] + m["RssFile"] + m["RssShmem"])) < 2**20
     ballast = b"\x01" * (64 * 2**20)  # written, so resident: private anonymous memory
     assert rss_bytes(os.getpid(), "RssAnon") > m["RssAnon"] + 48 * 2**20
     del ballast
+    assert rss_bytes(os.getpid(), "VmHWM") >= m["VmRSS"] + 48 * 2**20  # the peak remembers the ballast
 
 
 def test_a_vanished_process_counts_as_nothing():
