@@ -1,7 +1,9 @@
 """Upstream SGLang's endpoints on the launched server (tiny model): /v1/completions (with the openai
 client: text and token-id prompts, stream and not, stop strings, usage, refused parameters),
-/v1/models/{model}, /health_generate, /model_info and /server_info, and /abort_request ending a
-running request by its id without leaking KV slots."""
+/v1/models/{model}, /health_generate, /model_info and /server_info, /abort_request ending a
+running request by its id without leaking KV slots, and upstream 0.5.23's smaller routes: PUT
+/generate, /, /ping, /ready, `version`, /tokenize and /detokenize, /start_profile and /stop_profile
+around one request."""
 
 from __future__ import annotations
 
@@ -207,3 +209,68 @@ def test_abort_request_ends_a_non_stream_completion(server, client):
     assert resp.id == f"cmpl-{rid}" and resp.choices[0].finish_reason == "abort"
     assert resp.usage.completion_tokens < 4000
     wait_until(lambda: idle(server), 30, what="KV slots freed after the abort")
+
+
+# ----------------------------------------------------------------------------- upstream 0.5.23's small routes
+def test_put_generate_root_ping_ready_and_version(server):
+    body = {"text": "The sky is", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    put = requests.put(server.url + "/generate", json=body, timeout=60)
+    assert put.status_code == 200 and put.json()["text"] == generate(server, **body)["text"]
+    r = requests.get(server.url + "/", timeout=10)
+    assert r.status_code == 200 and r.json() == "SGLang is running"
+    r = requests.get(server.url + "/ping", timeout=10)
+    assert r.status_code == 200 and r.content == b""
+    r = requests.get(server.url + "/ready", timeout=30)
+    assert r.status_code == 200 and r.json() == {"status": "ready"}
+    from sglang import __version__
+
+    assert server_info(server)["version"] == __version__
+
+
+@pytest.mark.parametrize("prefix", ["", "/v1"])
+def test_tokenize_and_detokenize_use_the_served_tokenizer(server, prefix):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(server.model_dir)
+    text = "Hello world, tokenize me."
+    r = requests.post(server.url + prefix + "/tokenize", json={"prompt": text}, timeout=30)
+    assert r.status_code == 200, r.text
+    ids = tok.encode(text)
+    max_len = requests.get(server.url + "/model_info", timeout=10).json()["context_length"]
+    assert r.json() == {"tokens": ids, "count": len(ids), "max_model_len": max_len}
+    r = requests.post(server.url + prefix + "/tokenize", json={"prompt": [text, "two"], "add_special_tokens": False},
+                      timeout=30)
+    assert r.json()["tokens"] == [tok.encode(text, add_special_tokens=False), tok.encode("two", add_special_tokens=False)]
+    assert r.json()["count"] == [len(x) for x in r.json()["tokens"]]
+    r = requests.post(server.url + prefix + "/detokenize", json={"tokens": ids}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"text": tok.decode(ids, skip_special_tokens=True)}
+    special = [tok.convert_tokens_to_ids("<|im_start|>"), *ids]
+    r = requests.post(server.url + prefix + "/detokenize", json={"tokens": [special, ids], "skip_special_tokens": False},
+                      timeout=30)
+    assert r.json() == {"text": [tok.decode(special), tok.decode(ids)]} and r.json()["text"][0].startswith("<|im_start|>")
+    r = requests.post(server.url + prefix + "/detokenize", json={"tokens": [1, 10**9]}, timeout=30)
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
+    r = requests.post(server.url + prefix + "/tokenize", json={"text": "no prompt field"}, timeout=30)
+    assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
+
+
+def test_profile_around_one_request_writes_a_trace(server, tmp_path):
+    out_dir = tmp_path / "traces"
+    r = requests.post(server.url + "/start_profile", json={"output_dir": str(out_dir), "activities": ["CPU"]}, timeout=30)
+    assert r.status_code == 200 and r.text.startswith("Start profiling."), r.text
+    again = requests.post(server.url + "/start_profile", json={"output_dir": str(out_dir)}, timeout=30)
+    assert again.status_code == 400 and "already in progress" in again.json()["error"]["message"]
+    generate(server, text="profile me " + uuid.uuid4().hex[:6], sampling_params={"max_new_tokens": 3})
+    r = requests.post(server.url + "/stop_profile", timeout=60)
+    assert r.status_code == 200 and r.text.startswith("Stop profiling."), r.text
+    traces = list(out_dir.glob("*-TP-0.trace.json.gz"))
+    assert len(traces) == 1 and traces[0].name in r.text.replace("<rank>", "0")
+    import gzip
+
+    with gzip.open(traces[0], "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)
+    r = requests.post(server.url + "/stop_profile", timeout=30)
+    assert r.status_code == 400 and "not in progress" in r.json()["error"]["message"]
+    assert generate(server, text="still serving", sampling_params={"max_new_tokens": 2, "ignore_eos": True}
+                    )["meta_info"]["completion_tokens"] == 2

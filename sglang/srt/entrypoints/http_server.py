@@ -1,9 +1,10 @@
 """The HTTP server: FastAPI app over one TokenizerManager, served by uvicorn.
 
-Endpoints, on upstream SGLang's paths: /health, /health_generate, /metrics (--enable-metrics),
-/v1/models, /v1/models/{model}, /model_info (also /get_model_info), /server_info (also
-/get_server_info), /flush_cache, /abort_request, native /generate, /v1/chat/completions and
-/v1/completions. Errors are OpenAI-style JSON `{"error": {"message", "type", "code"}}`.
+Endpoints, on upstream SGLang's paths: /, /health, /health_generate, /ping, /ready, /metrics
+(--enable-metrics), /v1/models, /v1/models/{model}, /model_info (also /get_model_info), /server_info
+(also /get_server_info), /flush_cache, /abort_request, /start_profile, /stop_profile, /tokenize and
+/detokenize (also under /v1/), native /generate (POST or PUT), /v1/chat/completions and /v1/completions.
+Errors are OpenAI-style JSON `{"error": {"message", "type", "code"}}`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from sglang import __version__
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
@@ -39,7 +41,9 @@ from sglang.srt.entrypoints.openai.serving_base import (
 )
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.entrypoints.openai.serving_tokenize import detokenize, tokenize
+from sglang.srt.entrypoints.profile_request import start_profile_request
+from sglang.srt.managers.io_struct import GenerateReqInput, ProfileReq
 from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
@@ -53,6 +57,8 @@ EXIT_GRACE_S = 1.0
 SHUTDOWN_GRACE_S = 5.0
 # /health_generate: the one-token probe must finish within this, or the server answers 503.
 HEALTH_GENERATE_TIMEOUT_S = 20.0
+# /stop_profile answers once every rank wrote its trace: large GPU traces take a while to export.
+PROFILE_STOP_TIMEOUT_S = 300.0
 
 
 def _draining_server_class():
@@ -99,7 +105,8 @@ def create_app(
 
     app = FastAPI(lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=int(server_args.max_request_body_mb * 2**20),
-                       on_refuse=lambda msg: error_response(GenerateError(msg, 413, "request_too_large")))
+                       on_refuse=lambda msg: error_response(GenerateError(f"Payload Too Large: {msg}", 413,
+                                                                          "request_too_large")))
     if server_args.api_key:  # added last: it runs first, before the body is read
         app.add_middleware(ApiKeyAuth, api_key=server_args.api_key,
                            on_refuse=lambda msg: error_response(GenerateError(msg, 401, "authentication_error")))
@@ -124,9 +131,8 @@ def create_app(
     def model_card() -> ModelCard:
         return ModelCard(id=model_name, root=tm.model_path, max_model_len=tm.context_length)
 
-    @app.get("/health_generate")
-    async def health_generate() -> Response:
-        """200 once a one-token generation went through the whole pipeline; 503 otherwise."""
+    async def one_token_probe(what: str) -> Response:
+        """200 once a one-token generation went through the whole pipeline; 503 naming why otherwise."""
         obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
                                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
         try:
@@ -134,12 +140,44 @@ def create_app(
             out = await asyncio.wait_for(drain(tm.generate_request(obj)), HEALTH_GENERATE_TIMEOUT_S)
         except asyncio.TimeoutError:
             return error_response(ServerUnhealthyError(
-                f"health check: a one-token generation did not finish within {HEALTH_GENERATE_TIMEOUT_S:g} s"))
+                f"{what}: a one-token generation did not finish within {HEALTH_GENERATE_TIMEOUT_S:g} s"))
         except GenerateError as e:
-            return error_response(ServerUnhealthyError(f"health check: a one-token generation failed: {e.message}"))
+            return error_response(ServerUnhealthyError(f"{what}: a one-token generation failed: {e.message}"))
         if out is None or out["meta_info"]["finish_reason"]["type"] == "abort":
-            return error_response(ServerUnhealthyError("health check: the one-token generation was aborted"))
+            return error_response(ServerUnhealthyError(f"{what}: the one-token generation was aborted"))
         return json_response({"status": "ok"})
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        return await one_token_probe("health check")
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return json_response("SGLang is running")  # upstream's answer: the HTTP server is up
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        """SageMaker's liveness route: 200 with an empty body while the server serves."""
+        if not tm.accepting:
+            return error_response(ServerUnhealthyError(f"server unavailable: {tm.dead_reason or 'shutting down'}"))
+        return Response(status_code=200)
+
+    ready_probe: list[asyncio.Task] = []  # the one probe in flight, shared by concurrent /ready calls
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """503 until a generation has come back through scheduler and detokenizer (the first /ready
+        sends a one-token one when no request has yet), and again once the server is dying or
+        shutting down; 200 {"status": "ready"} otherwise."""
+        if not tm.accepting:
+            return error_response(ServerUnhealthyError(f"not ready: {tm.dead_reason or 'shutting down'}"))
+        if not tm.has_served:
+            if not ready_probe or ready_probe[0].done():
+                ready_probe[:] = [asyncio.ensure_future(one_token_probe("not ready"))]
+            probe = await asyncio.shield(ready_probe[0])
+            if probe.status_code != 200:
+                return probe
+        return json_response({"status": "ready"})
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -175,7 +213,8 @@ def create_app(
             return error_response(e)
         lm_attn, mm_attn = server_args.resolved_attention_backends()  # what "auto" became
         return json_response({**dataclasses.asdict(server_args), "model_path": tm.model_path,
-                              "attention_backend": lm_attn, "mm_attention_backend": mm_attn, **info})
+                              "attention_backend": lm_attn, "mm_attention_backend": mm_attn, **info,
+                              "version": __version__})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
@@ -187,7 +226,41 @@ def create_app(
             return error_response(GenerateError(f"cache not flushed: {out.message}"))
         return json_response({"success": True, "message": "cache flushed"})
 
-    @app.post("/generate")
+    @app.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(request: Request) -> Response:
+        """torch.profiler in every scheduler process until /stop_profile (or `num_steps` forward steps);
+        traces go to `output_dir`, else SGLANG_TORCH_PROFILER_DIR."""
+        try:
+            body = await request.body()
+            req = start_profile_request(parse_json_body(body) if body.strip() else {})
+            out = await tm.profile(req)
+        except GenerateError as e:
+            return error_response(e)
+        if not out.success:
+            return error_response(GenerateError(f"profiling not started: {out.message}"))
+        return Response(f"Start profiling.\nThe trace of each scheduler rank goes to {_rank_paths(out.files)}\n")
+
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile() -> Response:
+        try:
+            out = await tm.profile(ProfileReq("stop"), timeout=PROFILE_STOP_TIMEOUT_S)
+        except GenerateError as e:
+            return error_response(e)
+        if not out.success:
+            return error_response(GenerateError(f"profiling not stopped: {out.message}"))
+        return Response(f"Stop profiling. This will take some time.\nTraces written: {_rank_paths(out.files)}\n")
+
+    for path, handler in (("/tokenize", tokenize), ("/detokenize", detokenize)):
+        async def route(request: Request, handler=handler) -> Response:
+            try:
+                return json_response(await handler(tm, await request.body()))
+            except GenerateError as e:
+                return error_response(e)
+
+        app.add_api_route(path, route, methods=["POST"])
+        app.add_api_route("/v1" + path, route, methods=["POST"])
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Response:
         created = time.time()
         try:
@@ -227,6 +300,11 @@ def create_app(
         return await completion.handle_request(request)
 
     return app
+
+
+def _rank_paths(files: list[str]) -> str:
+    """Rank 0's trace path, with its `-TP-0.` generalized to every rank."""
+    return ", ".join(f.replace("-TP-0.", "-TP-<rank>.") for f in files)
 
 
 # logprob options upstream takes at the top level of a /generate body (they join each request's sampling_params)
