@@ -51,9 +51,11 @@ def bad_requests(media_server, outside_image) -> dict[str, tuple[object, str]]:
             chat_body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(PNG)}}] * 5}]),
             "too many images",
         ),
-        "prompt_longer_than_context": (chat_body(messages=[{"role": "user", "content": "word " * 5000}]), "context length"),
+        "prompt_longer_than_context": (chat_body(messages=[{"role": "user", "content": "word " * 5000}]),
+                                       "is longer than the model's context length"),
         "max_tokens_negative": (chat_body(max_tokens=-5), "max_tokens must be at least 0"),
         "max_completion_tokens_negative": (chat_body(max_tokens=None, max_completion_tokens=-1), "max_completion_tokens"),
+        "max_tokens_over_context": (chat_body(max_tokens=5000), "Requested token count exceeds the model's maximum context"),
         "temperature_negative": (chat_body(temperature=-1), "temperature"),
         "top_p_zero": (chat_body(top_p=0), "top_p"),
         "top_k_zero": (chat_body(top_k=0), "top_k"),
@@ -69,7 +71,7 @@ def bad_requests(media_server, outside_image) -> dict[str, tuple[object, str]]:
         "generate_unknown_sampling_param": (("generate", {"text": "hi", "sampling_params": {"temprature": 0}}), "temprature"),
         "generate_token_out_of_vocab": (("generate", {"input_ids": [1, 10**9]}), "vocabulary"),
         "generate_placeholder_without_image": (("generate", {"text": "<|vision_start|><|image_pad|><|vision_end|>"}), "placeholder"),
-        "generate_long_input_ids": (("generate", {"input_ids": [100] * 4096}), "context length"),
+        "generate_long_input_ids": (("generate", {"input_ids": [100] * 4096}), "is longer than the model's context length"),
         "generate_max_new_tokens_negative": (("generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}),
                                              "max_new_tokens must be a non-negative integer"),
         "logit_bias_out_of_vocab": (chat_body(logit_bias={"999999999": 1}), "outside the vocabulary"),
@@ -117,7 +119,8 @@ def test_oversized_body_is_413_and_the_server_keeps_serving(server):
     big = b'{"text": "' + b"x" * (5 * 2**20) + b'"}'
     r = requests.post(server.url + "/generate", data=big, headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 413, r.text
-    assert "--max-request-body-mb" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert message.startswith("Payload Too Large: ") and "--max-request-body-mb" in message
 
     def chunks():  # no Content-Length: the cap is enforced while reading
         for _ in range(6):

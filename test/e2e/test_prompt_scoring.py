@@ -1,6 +1,8 @@
-"""Prompt-only scoring on the launched server (tiny model): `max_new_tokens: 0` / `max_tokens: 0` run
-the prefill only and answer the prompt's logprobs with no output token and finish reason "length"
-(native, completions with echo, chat, streaming), freeing their KV."""
+"""Prompt-only scoring and the context-length rules on the launched server (tiny model):
+`max_new_tokens: 0` / `max_tokens: 0` run the prefill only and answer the prompt's logprobs with no
+output token and finish reason "length" (native, completions with echo, chat, streaming), freeing
+their KV; prompt + max_tokens over the context length is upstream's 400, word for word, while a
+request that fits exactly runs and a default budget is clamped."""
 
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ def idle(server) -> bool:
     info = requests.get(server.url + "/get_server_info", timeout=10).json()
     return (info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
             and info["available_kv_tokens"] == info["max_total_num_tokens"])
+
+
+def context_length(server) -> int:
+    return requests.get(server.url + "/model_info", timeout=10).json()["context_length"]
 
 
 def test_generate_with_zero_new_tokens_returns_the_prompt_logprobs_only(server):
@@ -75,4 +81,26 @@ def test_completions_echo_with_zero_max_tokens_scores_the_prompt(server, client)
     chat = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=0)
     assert chat.choices[0].message.content == "" and chat.choices[0].finish_reason == "length"
     assert chat.usage.completion_tokens == 0
+    wait_until(lambda: idle(server), 30, what="KV freed")
+
+
+def test_prompt_plus_max_tokens_over_the_context_is_upstreams_400(server, client):
+    c = context_length(server)
+    msg = "Requested token count exceeds the model's maximum context length of"
+    ids = [100] * (c - 3)
+    err = post(server, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 4}}, 400)["error"]
+    assert err["message"] == (
+        f"{msg} {c} tokens. You requested a total of {c + 1} tokens: {c - 3} tokens from the input messages and 4 "
+        "tokens for the completion. Please reduce the number of tokens in the input messages or the completion to "
+        "fit within the limit.")
+    fits = post(server, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+    assert fits["meta_info"]["completion_tokens"] == 3 and fits["meta_info"]["finish_reason"]["type"] == "length"
+    clamped = post(server, "/generate", {"input_ids": ids, "sampling_params": {"ignore_eos": True}})  # default 128
+    assert clamped["meta_info"]["completion_tokens"] == 3
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": c}),
+                       ("/v1/completions", {"prompt": "hi", "max_tokens": c})):
+        err = post(server, path, {"model": "default", **body}, 400)["error"]
+        assert err["message"].startswith(f"{msg} {c} tokens.") and err["code"] == 400
+    err = post(server, "/generate", {"input_ids": [100] * c, "sampling_params": {"max_new_tokens": 0}}, 400)["error"]
+    assert err["message"] == f"The input ({c} tokens) is longer than the model's context length ({c} tokens)."
     wait_until(lambda: idle(server), 30, what="KV freed")

@@ -212,10 +212,9 @@ class RequestBuilder:
     def _check_length(self, prompt_len: int) -> None:
         if prompt_len == 0:
             raise GenerateError("the prompt is empty")
-        if prompt_len >= self.context_length:
+        if prompt_len >= self.context_length:  # upstream's wording: clients match on it
             raise GenerateError(
-                f"the prompt is too long: {prompt_len} tokens, but the context length is {self.context_length} "
-                "tokens and must also hold at least one output token"
+                f"The input ({prompt_len} tokens) is longer than the model's context length ({self.context_length} tokens)."
             )
         if self.max_req_input_len is not None and prompt_len > self.max_req_input_len:
             raise GenerateError(
@@ -245,8 +244,15 @@ class RequestBuilder:
     def _fit_max_new_tokens(self, prompt_len: int, asked: int, req: CheckedRequest) -> int:
         """Output room: up to the context length, and within the KV cache, which must hold the prompt
         and every output token of this request at once. A default is clamped to what fits; an explicit
-        request that can never fit is refused, naming both numbers."""
+        max_new_tokens beyond either is refused, naming the numbers."""
         room = self.context_length - prompt_len
+        if req.explicit_max_new and asked > room:  # upstream's refusal, word for word
+            raise GenerateError(
+                f"Requested token count exceeds the model's maximum context length of {self.context_length} tokens. "
+                f"You requested a total of {prompt_len + asked} tokens: {prompt_len} tokens from the input messages "
+                f"and {asked} tokens for the completion. Please reduce the number of tokens in the input messages or "
+                "the completion to fit within the limit."
+            )
         n = room if req.to_context else min(asked, room)
         if self.max_total_num_tokens is None:
             return n
