@@ -104,7 +104,7 @@ def create_app(
             await tm.close()
 
     app = FastAPI(lifespan=lifespan)
-    app.add_middleware(BodySizeLimit, max_bytes=int(server_args.max_request_body_mb * 2**20),
+    app.add_middleware(BodySizeLimit, max_bytes=server_args.max_payload_size,
                        on_refuse=lambda msg: error_response(GenerateError(f"Payload Too Large: {msg}", 413,
                                                                           "request_too_large")))
     if server_args.api_key:  # added last: it runs first, before the body is read
@@ -338,6 +338,14 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
     if not isinstance(rids, list) or len(rids) != n:
         raise GenerateError(f"a batch of {n} prompts needs rid as a list of {n} ids")
     logprob_keys = {k: data[k] for k in _TOP_LEVEL_LOGPROB_KEYS if data.get(k) is not None}
+    priority = data.get("priority")
+    priorities = priority if batch and isinstance(priority, list) else [priority] * n
+    if len(priorities) != n:
+        raise GenerateError(f"a batch of {n} prompts needs priority as one integer or a list of {n}")
+    image_kwargs = [(data[k], k) for k in ("mm_processor_kwargs", "images_config") if data.get(k) is not None]
+    if len(image_kwargs) > 1:
+        raise GenerateError("give the image settings in mm_processor_kwargs or images_config, not both")
+    image_kwargs, image_kwargs_name = image_kwargs[0] if image_kwargs else (None, "mm_processor_kwargs")
     objs = []
     for i, prompt in enumerate(prompts):
         img = per_images[i]
@@ -353,6 +361,9 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             stream=stream,
             rid=rids[i],
             created_time=created,
+            priority=priorities[i],
+            mm_processor_kwargs=image_kwargs,
+            mm_kwargs_name=image_kwargs_name,
         ))
     try:
         expanded = [c for o in objs for c in o.parallel_copies()]

@@ -33,6 +33,11 @@ class GenerateReqInput:
     rid: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     created_time: float = 0.0
+    priority: int | None = None  # with --enable-priority-scheduling: larger runs first
+    # a request's image processor settings (max_pixels, min_pixels), and the field that carried them
+    # (`mm_processor_kwargs`, or upstream's `images_config`), so a refusal names it
+    mm_processor_kwargs: dict[str, Any] | None = None
+    mm_kwargs_name: str = "mm_processor_kwargs"
 
     def parallel_copies(self, max_n: int = 64) -> list["GenerateReqInput"]:
         """`sampling_params["n"]` independent samples of this prompt as n requests (they share its KV

@@ -51,6 +51,8 @@ class CheckedRequest:
     sampling: SamplingParams
     to_context: bool  # max_new_tokens unset by the client: fill the context
     explicit_max_new: bool = False  # the client named max_new_tokens: too large for the KV cache is a 400
+    priority: int = 0
+    image_config: Any = None  # the request's own image processor config (mm_processor_kwargs); None: the server's
 
 
 class RequestBuilder:
@@ -155,7 +157,20 @@ class RequestBuilder:
                         "and local image files are disabled (start the server with --allowed-local-media-path DIR)"
                     )
         explicit = isinstance(obj.sampling_params, dict) and obj.sampling_params.get("max_new_tokens") is not None
-        return CheckedRequest(rid, obj, messages, images, sampling, to_context, explicit)
+        return CheckedRequest(rid, obj, messages, images, sampling, to_context, explicit,
+                              check_priority(obj.priority, self.server_args), self._image_config(obj))
+
+    def _image_config(self, obj: GenerateReqInput):
+        """The request's image processor settings as a config of its own, or a 400 naming what cannot be
+        honoured; never ignored, images or not."""
+        if obj.mm_processor_kwargs is None:
+            return None
+        if self.processor is None or not hasattr(self.processor, "image_config"):
+            raise GenerateError(f"{obj.mm_kwargs_name} is not supported: model {self.model_path} does not accept images")
+        try:
+            return self.processor.image_config(obj.mm_processor_kwargs, obj.mm_kwargs_name)
+        except ValueError as e:
+            raise GenerateError(str(e)) from None
 
     # ------------------------------------------------------------------ worker thread side
     def build(self, req: CheckedRequest) -> tuple[TokenizedGenerateReqInput, bytes]:
@@ -173,7 +188,8 @@ class RequestBuilder:
             if self.processor is not None:
                 with self.stage_timer.measure(timings, "processor"):
                     images = list(self.image_pool.map(self._fetch_if_url, req.images)) if req.images else []
-                    ids, mm = self.processor.process(ids, images, executor=self.image_pool)
+                    extra = {"image_config": req.image_config} if req.image_config is not None else {}
+                    ids, mm = self.processor.process(ids, images, executor=self.image_pool, **extra)
                 mm_inputs = mm if images else None
                 if mm_inputs is not None and self.precompute_hash:
                     # Still in the worker thread: the items hash in parallel on the image pool and
@@ -192,6 +208,7 @@ class RequestBuilder:
         tokenized = TokenizedGenerateReqInput(
             rid=req.rid, input_ids=ids, sampling_params=sampling, mm_inputs=mm_inputs, stream=obj.stream,
             input_text=prompt, created_time=obj.created_time, stage_timings_ms=timings if mm_inputs else {},
+            priority=req.priority,
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
         names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []
@@ -300,6 +317,18 @@ def use_shm_transport(server_args: ServerArgs) -> bool:
                        "pixels travel inline with the requests instead", server_args.nnodes)
         return False
     return True
+
+
+def check_priority(priority: Any, server_args: ServerArgs) -> int:
+    """A request's `priority`: honoured under priority scheduling, refused otherwise (never ignored)."""
+    if priority is None:
+        return 0
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise GenerateError(f"priority must be an integer, got {priority!r}")
+    if not server_args.enable_priority_scheduling:
+        raise GenerateError("priority is not honoured by this server: start it with --enable-priority-scheduling "
+                            "(or --schedule-policy priority)")
+    return priority
 
 
 def merge_image_sources(sources: list[Any], image_data: list[Any]) -> list[Any]:
