@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, AsyncIterator, Callable
 
+from sglang.srt.constrained.validation import GrammarValidator
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOut,
@@ -71,6 +72,8 @@ class _ReqState:
 
 
 class TokenizerManager:
+    grammar: GrammarValidator | None = None  # set in __init__
+
     def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: SchedulerReady | None = None):
         self.server_args = server_args
         self.port_args = port_args
@@ -84,6 +87,9 @@ class TokenizerManager:
         self.stage_timer = self.builder.stage_timer
         self.metrics = ServingMetrics(server_args.served_model_name or self.model_path) if server_args.enable_metrics else None
         self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
+        # constrained output: a request's grammar compiles here (worker thread, time limit) before it is sent
+        self.grammar = GrammarValidator(server_args, server_args.tokenizer_path or self.model_path,
+                                        self.builder.vocab_size)
 
         self.rid_to_state: dict[str, _ReqState] = {}
         # Requests between tokenize_request and generate_tokenized (images decoding, not yet sent):
@@ -144,6 +150,8 @@ class TokenizerManager:
             self._zmq_ctx.destroy(linger=0)
             self._zmq_ctx = None
         self._request_pool.shutdown(wait=False, cancel_futures=True)
+        if self.grammar is not None:
+            self.grammar.close()
         self.builder.close()
 
     def _spawn(self, coro) -> None:
@@ -226,6 +234,8 @@ class TokenizerManager:
         self._preparing[rid] = time.monotonic()
         try:
             checked = self.builder.check(obj, rid)
+            if self.grammar is not None:  # a grammar that does not compile (in time) is a 400 here
+                await self.grammar.check(checked.sampling.grammar_key())
             return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
         except GenerateError:
             self._forget_preparing(rid)

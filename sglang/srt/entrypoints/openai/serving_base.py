@@ -19,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from sglang.srt.constrained.request_fields import ConstraintError, constraint_params, openai_constraint_fields
 from sglang.srt.entrypoints.openai.protocol import PromptTokensDetails, UsageInfo
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.errors import GenerateError
@@ -284,6 +285,10 @@ def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str 
     """The sampling parameters chat and completion requests share, by their engine names."""
     if max_new_tokens is not None and max_new_tokens < 0:  # 0: score the prompt, generate nothing
         raise GenerateError(f"{limit_name} must be at least 0, got {max_new_tokens}")
+    try:  # response_format, json_schema / regex / ebnf, vLLM's guided_*: at most one
+        constraint = constraint_params(openai_constraint_fields(req))
+    except ConstraintError as e:
+        raise GenerateError(str(e)) from None
     return {
         "max_new_tokens": max_new_tokens,  # None: up to the context length
         "temperature": req.temperature,
@@ -302,6 +307,7 @@ def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str 
         "min_new_tokens": req.min_tokens,
         "n": req.n,
         **req.logprob_params(),
+        **constraint,
     }
 
 
