@@ -88,8 +88,6 @@ class ChatCompletionRequest(_Tolerant):
             return "top_logprobs needs logprobs: true"
         if self.tools:
             return "tools are not supported"
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            return f"response_format {self.response_format.get('type')!r} is not supported"
         return None
 
     def output_limit(self) -> int | None:
