@@ -78,14 +78,26 @@ class ChatCompletionRequest(_Tolerant):
     rid: str | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
+    priority: int | None = None  # with --enable-priority-scheduling
+    # image processor settings for this request's images (max_pixels, min_pixels): vLLM's and upstream's names
+    mm_processor_kwargs: dict[str, Any] | None = None
+    images_config: dict[str, Any] | None = None
 
     def logprob_params(self) -> dict[str, Any]:
         return {"return_logprob": self.logprobs, "top_logprobs_num": self.top_logprobs or 0}
+
+    def image_kwargs(self) -> tuple[dict[str, Any] | None, str]:
+        """(settings, the field that carried them); unsupported() refuses both fields at once."""
+        if self.images_config is not None:
+            return self.images_config, "images_config"
+        return self.mm_processor_kwargs, "mm_processor_kwargs"
 
     def unsupported(self) -> str | None:
         """A message naming the first requested feature this server does not implement, if any."""
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs needs logprobs: true"
+        if self.images_config is not None and self.mm_processor_kwargs is not None:
+            return "give the image settings in mm_processor_kwargs or images_config, not both"
         if self.tools:
             return "tools are not supported"
         return None
@@ -123,6 +135,7 @@ class CompletionRequest(_Tolerant):
     rid: str | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
+    priority: int | None = None  # with --enable-priority-scheduling
 
     def logprob_params(self) -> dict[str, Any]:
         params = {"return_logprob": self.logprobs is not None, "top_logprobs_num": self.logprobs or 0}
@@ -137,6 +150,9 @@ class CompletionRequest(_Tolerant):
             return f"best_of={self.best_of} is not supported: only best_of equal to n"
         if self.suffix:
             return "suffix is not supported"
+        for key in ("mm_processor_kwargs", "images_config"):
+            if (self.model_extra or {}).get(key) is not None:
+                return f"{key} is not supported: completions take no images (use /v1/chat/completions or /generate)"
         if isinstance(self.prompt, list) and not self.prompt:
             return "prompt is empty"
         return None

@@ -34,6 +34,7 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def _convert_to_internal_request(self, req: ChatCompletionRequest, created: float) -> GenerateReqInput:
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        image_kwargs, image_kwargs_name = req.image_kwargs()
         return GenerateReqInput(
             messages=[m.model_dump(exclude_none=True) for m in req.messages],
             sampling_params=sampling_from_request(req, req.output_limit(), name),
@@ -41,6 +42,9 @@ class OpenAIServingChat(OpenAIServingBase):
             rid=req.rid,
             chat_template_kwargs=req.chat_template_kwargs,
             created_time=created,
+            priority=req.priority,
+            mm_processor_kwargs=image_kwargs,
+            mm_kwargs_name=image_kwargs_name,
         )
 
     def _build_response(self, req: ChatCompletionRequest, ctx: ResponseContext, outs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 stream=req.stream,
                 rid=req.rid if req.rid is None or len(prompts) == 1 else f"{req.rid}-p{p}",
                 created_time=created,
+                priority=req.priority,
             )
             for p, prompt in enumerate(prompts)
         ]
