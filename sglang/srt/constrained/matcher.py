@@ -73,16 +73,21 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | 
     width = logits.shape[-1]
     if logits.device.type == "cpu":
         xg.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(width, vocab_size), indices=rows)
-    else:  # one unpack + masked_fill on the device: no kernel compiled at run time
-        bits = bitmask[rows].to(logits.device, non_blocking=True)
-        shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
-        allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, : min(width, vocab_size)].bool()
-        idx = torch.tensor(rows, device=logits.device)
-        sub = logits[idx, : allowed.shape[1]].masked_fill(~allowed, float("-inf"))
-        logits[idx, : allowed.shape[1]] = sub
+    else:
+        apply_bitmask_torch(logits, bitmask[rows], rows, min(width, vocab_size))
     if width > vocab_size:  # padded logits: the padding is never a token
         logits[rows, vocab_size:] = float("-inf")
     return rows
+
+
+def apply_bitmask_torch(logits: torch.Tensor, bits: torch.Tensor, rows: list[int], width: int) -> None:
+    """The bitmask (one int32 row per entry of `rows`, bit j of word i allowing token 32 i + j) applied on
+    the logits' device with torch ops (an unpack and a masked fill): no kernel compiled at run time."""
+    bits = bits.to(logits.device, non_blocking=True)
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :width].bool()
+    idx = torch.tensor(rows, device=logits.device)
+    logits[idx, :width] = logits[idx, :width].masked_fill(~allowed, float("-inf"))
 
 
 def revive_dead_rows(adjusted: torch.Tensor, grammar_masked: torch.Tensor, rows: list[int]) -> torch.Tensor:

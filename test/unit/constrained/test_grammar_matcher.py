@@ -8,7 +8,12 @@ import json
 import pytest
 import torch
 
-from sglang.srt.constrained.matcher import RequestGrammar, apply_grammar_bitmask, revive_dead_rows
+from sglang.srt.constrained.matcher import (
+    RequestGrammar,
+    apply_bitmask_torch,
+    apply_grammar_bitmask,
+    revive_dead_rows,
+)
 from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
 
 VOCAB = 151936
@@ -101,3 +106,19 @@ def test_a_grammar_overrides_a_ban_that_would_leave_no_token(backend, tok):
     assert torch.equal(out[0], banned[0])
     untouched = logits.clone()
     assert revive_dead_rows(untouched, masked, [1]) is untouched
+
+
+def test_the_device_path_masks_as_xgrammar_does(backend):
+    """The torch unpack used for non-CPU logits, run on CPU, against xgrammar's CPU op."""
+    import xgrammar as xg
+
+    g1, g2 = _grammar(backend, ("regex", "[0-9]+")), _grammar(backend, ("ebnf", 'root ::= "x" | "yz"'))
+    bitmask = xg.allocate_token_bitmask(3, VOCAB)
+    g1.fill(bitmask, 0)
+    g2.fill(bitmask, 2)
+    logits = torch.randn(3, VOCAB)
+    ref = logits.clone()
+    xg.apply_token_bitmask_inplace(ref, bitmask, vocab_size=VOCAB, indices=[0, 2])
+    apply_bitmask_torch(logits, bitmask[[0, 2]], [0, 2], VOCAB)
+    assert torch.equal(logits, ref)
+    assert 0 < torch.isfinite(logits[0]).sum() < VOCAB and torch.isfinite(logits[1]).all()
