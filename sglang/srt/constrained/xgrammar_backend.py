@@ -9,6 +9,7 @@ is megabytes at a 152k vocabulary), so each process compiles from the key it rec
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
@@ -60,10 +61,10 @@ class XGrammarBackend:
             import xgrammar as xg
 
             tok = self._tokenizer
-            if isinstance(tok, str):
+            if isinstance(tok, (str, os.PathLike)):
                 from transformers import AutoTokenizer
 
-                tok = AutoTokenizer.from_pretrained(tok)
+                tok = AutoTokenizer.from_pretrained(str(tok))
             self._info = xg.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size,
                                                            stop_token_ids=self.stop_token_ids)
             # our own LRU (grammar_cache) bounds what is kept: xgrammar's cache stays off
