@@ -69,7 +69,10 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | 
     bitmask = xg.allocate_token_bitmask(len(grammars), vocab_size)
     for i in rows:
         grammars[i].sync(outputs[i])
-        grammars[i].fill(bitmask, i)
+    if len(rows) == 1:
+        grammars[rows[0]].fill(bitmask, rows[0])
+    else:  # the rows filled in parallel by xgrammar's thread pool
+        _batch_filler().batch_fill_next_token_bitmask([grammars[i].matcher for i in rows], bitmask, rows)
     width = logits.shape[-1]
     if logits.device.type == "cpu":
         xg.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(width, vocab_size), indices=rows)
@@ -78,6 +81,18 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | 
     if width > vocab_size:  # padded logits: the padding is never a token
         logits[rows, vocab_size:] = float("-inf")
     return rows
+
+
+_BATCH_FILLER = None
+
+
+def _batch_filler():
+    global _BATCH_FILLER
+    if _BATCH_FILLER is None:
+        import xgrammar as xg
+
+        _BATCH_FILLER = xg.BatchGrammarMatcher()
+    return _BATCH_FILLER
 
 
 def apply_bitmask_torch(logits: torch.Tensor, bits: torch.Tensor, rows: list[int], width: int) -> None:

@@ -122,3 +122,18 @@ def test_the_device_path_masks_as_xgrammar_does(backend):
     apply_bitmask_torch(logits, bitmask[[0, 2]], [0, 2], VOCAB)
     assert torch.equal(logits, ref)
     assert 0 < torch.isfinite(logits[0]).sum() < VOCAB and torch.isfinite(logits[1]).all()
+
+
+def test_several_rows_fill_as_each_alone(backend, tok):
+    """Rows filled together (xgrammar's thread pool) get the masks each gets alone."""
+    keys = [("regex", "[0-9]+"), ("ebnf", 'root ::= "x" | "yz"'), ("json_schema", '{"type": "integer"}')]
+    grammars = [_grammar(backend, k) for k in keys]
+    grammars[0].accept(tok.encode("7", add_special_tokens=False)[0])
+    together = torch.zeros(4, VOCAB)
+    rows = apply_grammar_bitmask(together, [grammars[0], None, grammars[1], grammars[2]],
+                                 [list(grammars[0].accepted), [], [], []], VOCAB)
+    assert rows == [0, 2, 3] and torch.isfinite(together[1]).all()
+    for row, g in zip(rows, grammars):
+        alone = torch.zeros(1, VOCAB)
+        apply_grammar_bitmask(alone, [g], [list(g.accepted)], VOCAB)
+        assert torch.equal(together[row], alone[0])
