@@ -22,6 +22,9 @@ def test_api_key_chat_template_and_compat_flags(launch_server, tmp_path):
         assert requests.request(method, s.url + path, json={}, timeout=10).status_code == 401, path
     auth = {"Authorization": "Bearer sk-test"}
     assert requests.get(s.url + "/health_generate", headers=auth, timeout=30).status_code == 200
+    # the key is never echoed: not by the settings route, not in the log
+    info = requests.get(s.url + "/get_server_info", headers=auth, timeout=10)
+    assert info.status_code == 200 and info.json()["api_key"] == "<redacted>" and "sk-test" not in info.text
     import openai
 
     client = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-test", max_retries=0, timeout=60)
@@ -32,3 +35,4 @@ def test_api_key_chat_template_and_compat_flags(launch_server, tmp_path):
     assert out.usage.prompt_tokens == len(tok.encode("USER: hello\nASSISTANT:", add_special_tokens=False))
     assert "no effect on CPU" in s.log_tail(20000)
     s.close()
+    assert "sk-test" not in s.log_path.read_text(errors="replace")

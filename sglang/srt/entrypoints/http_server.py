@@ -47,6 +47,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput, ProfileReq
 from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.secrets import redact_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ def create_app(
         except GenerateError as e:
             return error_response(e)
         lm_attn, mm_attn = server_args.resolved_attention_backends()  # what "auto" became
-        return json_response({**dataclasses.asdict(server_args), "model_path": tm.model_path,
+        return json_response({**redact_secrets(dataclasses.asdict(server_args)), "model_path": tm.model_path,
                               "attention_backend": lm_attn, "mm_attention_backend": mm_attn, **info,
                               "version": __version__})
 
