@@ -79,7 +79,10 @@ class TpModelWorker:
             logits = self.penalties.apply(logits, penalized)
         grammar_rows = []
         if any(r.grammar is not None for r in reqs):  # constrained output: disallowed tokens -inf, in place
-            grammar_rows = apply_grammar_bitmask(logits, [r.grammar for r in reqs], outputs, self.vocab_size)
+            grammars = [r.grammar for r in reqs]
+            if batch.mode.is_extend():  # rows whose token is dropped (a prompt chunk, a re-prefill): no mask
+                grammars = [None if r.is_prefilling() or r.output_ids else g for g, r in zip(grammars, reqs)]
+            grammar_rows = apply_grammar_bitmask(logits, grammars, outputs, self.vocab_size)
         grammar_masked = logits
         info.banned = banned_tokens(params, outputs, self.eos_ids, runner.device)
         info.logit_bias = logit_bias_entries(params, runner.device)

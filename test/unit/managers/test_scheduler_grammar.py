@@ -165,3 +165,27 @@ def test_without_a_grammar_backend_constraints_are_refused(path):
     rid = s.submit(_text(10, 1), None, max_new_tokens=5, ebnf='root ::= "x"')
     s.run_until_idle()
     assert s.finished[rid].status_code == 400 and "--grammar-backend none" in s.finished[rid].message
+
+
+def test_chunked_prefill_masks_only_the_row_that_samples(path, tok, monkeypatch):
+    """Prompt chunks sample a token that is dropped: their rows are not masked (nor their matchers read);
+    the output equals the unchunked one."""
+    from sglang.srt.constrained import matcher as matcher_mod
+    from sglang.srt.managers import tp_worker
+
+    masked_rows = []
+    real = matcher_mod.apply_grammar_bitmask
+
+    def spy(logits, grammars, outputs, vocab):
+        rows = real(logits, grammars, outputs, vocab)
+        masked_rows.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(tp_worker, "apply_grammar_bitmask", spy)
+    req = dict(max_new_tokens=40, regex=JSON_REGEX, temperature=1.0, seed=4)
+    chunked, [a] = _run(path, [req], chunked_prefill_size=8)
+    chunk_calls = masked_rows[:4]  # 30 prompt tokens in chunks of 8: three dropped samples, then the last chunk
+    assert chunk_calls == [0, 0, 0, 1], masked_rows
+    whole, [b] = _run(path, [req])
+    assert chunked.outputs[a] == whole.outputs[b]
+    _check_json(tok.decode(chunked.outputs[a], skip_special_tokens=True))
