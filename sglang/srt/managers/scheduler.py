@@ -28,6 +28,7 @@ from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutput
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
 from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.model_executor.activation_budget import available_bytes, fit_chunk, prefill_activation_bytes
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.multimodal.hashing import configured_hash_algo
 from sglang.srt.server_args import PortArgs, ServerArgs, derive_max_running_requests
@@ -56,6 +57,8 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
             server_args.max_running_requests or derive_max_running_requests(self.max_total_num_tokens, self.context_length),
             runner.req_to_token_pool.size - 1,
         )
+        # the chunk every rank agreed fits its activations next to the KV cache
+        self.chunked_prefill_size = self._fit_prefill_chunk(runner, server_args)
         self.tree = RadixCache(runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache)
         self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree)
         self.eos_ids = set(self.model_config.eos_token_ids)
@@ -98,8 +101,8 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
         args = self.server_args
-        chunking = args.chunked_prefill_size > 0
-        step = args.chunked_prefill_size if chunking else args.max_prefill_tokens
+        chunking = self.chunked_prefill_size > 0
+        step = self.chunked_prefill_size if chunking else args.max_prefill_tokens
         adder = PrefillAdder(self.kv, self.running, step, self.max_running_requests, chunking,
                              self.new_token_ratio.value)
         if self.chunked_req is not None:
@@ -146,6 +149,26 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         self.waiting.extend(ready)
         for req, message in failed:
             self.finish(req, FinishReason("abort", message=message, status_code=400))
+
+    def _fit_prefill_chunk(self, runner, args: ServerArgs) -> int:
+        """--chunked-prefill-size, shrunk (one warning) to what one chunk's activations need beside the KV
+        cache, or a start-up error when not even the smallest chunk fits. On CPU the KV pool's pages may
+        not be resident yet: its whole size is taken off the host's available memory."""
+        chunk = args.chunked_prefill_size
+        if chunk <= 0:
+            return chunk
+        text, itemsize = self.model_config.text, runner.dtype.itemsize
+        available = available_bytes(runner.device)
+        if runner.device.type != "cuda":
+            pool = runner.token_to_kv_pool
+            available -= pool.bytes_per_token() * (pool.size + 1)
+        size, line = fit_chunk(chunk, lambda n: prefill_activation_bytes(
+            text, n, self.context_length, itemsize, self.tp.size), max(0, available))
+        if self.tp.size > 1:
+            size = _min_across_ranks(size, self.tp)
+        if line and self.tp.rank == 0:
+            logger.warning(line)
+        return size
 
     def _take_from_waiting(self, req: Req) -> None:
         if req is not self.chunked_req:

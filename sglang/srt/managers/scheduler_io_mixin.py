@@ -211,6 +211,7 @@ class SchedulerIOMixin:
             "new_token_ratio": round(self.new_token_ratio.value, 4),
             "num_request_errors": self.num_request_errors,
             "context_length": self.context_length,
+            "chunked_prefill_size": self.chunked_prefill_size,  # after the start-up activation check
             **self.worker.mm_stats(),
             **ipc_receiver_stats(),
             "image_decode_model": deferred_decode.stats(),  # images decoded where the ViT runs, by path

@@ -1,0 +1,71 @@
+"""Start-up check that one prefill chunk's activations fit in what the KV pool left.
+
+A chunk's transient memory grows with the chunk (hidden states, q/k/v, the MLP's intermediate) and with
+the context it attends (the keys gathered per layer), never with chunk x context since prefill attention
+runs in bounded query tiles. A server whose chunk does not fit used to die on its first long prompt (the
+kernel's OOM killer took the scheduler, every client got 503); now start-up shrinks the chunk to what
+fits, with one log line, or refuses with one line when not even the smallest chunk fits.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sglang.srt.layers.attention.torch_native_backend import SCORE_TILE_BYTES
+
+MIN_CHUNK = 256
+PROMPT_LOGPROB_ROWS = 512  # rows of vocabulary logits the logits processor scores at a time
+HEADROOM = 0.9  # of the free memory: the allocator's own slack and everything not modelled here
+
+
+def prefill_activation_bytes(text, chunk_tokens: int, context_length: int, dtype_bytes: int,
+                             tp_size: int = 1) -> int:
+    """Peak transient bytes of one prefill forward of `chunk_tokens` tokens on one TP rank (an upper
+    estimate: the layer's tensors that can be alive at once, plus the attention tile and logits)."""
+    heads_q = max(1, text.num_attention_heads // tp_size)
+    heads_kv = max(1, text.num_key_value_heads // tp_size)
+    inter = text.intermediate_size // tp_size
+    hidden = chunk_tokens * text.hidden_size * dtype_bytes * 6  # residual, norm, attention and MLP outputs
+    qkv = chunk_tokens * (heads_q + 2 * heads_kv) * text.head_dim * dtype_bytes * 2  # projection + rotary
+    mlp = chunk_tokens * inter * dtype_bytes * 3  # gate and up (fused), the activation
+    keys = context_length * heads_kv * text.head_dim * dtype_bytes * 4  # K and V gathered, then transposed
+    scores = SCORE_TILE_BYTES * 3  # one query tile's scores, probabilities and mask
+    logits = PROMPT_LOGPROB_ROWS * text.vocab_size * 4 * 2  # float32 logits and their log-softmax
+    return hidden + qkv + mlp + keys + scores + logits
+
+
+def available_bytes(device) -> int:
+    """Free device memory now (CUDA), or the host's MemAvailable (CPU)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def fit_chunk(chunk: int, need, available: int) -> tuple[int, str | None]:
+    """(chunk size to use, one log line or None). `need(n)` is the activation bytes of an n-token
+    chunk. Halves the chunk until it fits HEADROOM of `available`; raises when even MIN_CHUNK does not."""
+    budget = int(available * HEADROOM)
+    size = chunk
+    while need(size) > budget and size > MIN_CHUNK:
+        size = max(MIN_CHUNK, size // 2)
+    gib = 1 << 30
+    if need(size) > budget:
+        raise RuntimeError(
+            f"a {size}-token prefill chunk needs ~{need(size) / gib:.2f} GiB of activations but only "
+            f"{available / gib:.2f} GiB are free after the KV cache: lower --mem-fraction-static or "
+            f"--max-total-tokens, or use a smaller --context-length")
+    if size == chunk:
+        return chunk, None
+    return size, (f"--chunked-prefill-size {chunk} needs ~{need(chunk) / gib:.2f} GiB of activations, "
+                  f"{available / gib:.2f} GiB are free after the KV cache: prefilling in chunks of {size} tokens")
