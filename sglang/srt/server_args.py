@@ -81,6 +81,20 @@ def parse_image_limit(raw: str) -> int:
     return int(limits.get("image", 0))
 
 
+GRAMMAR_BACKENDS = ("xgrammar", "none")
+
+
+def _grammar_problems(args) -> list[str]:
+    problems = []
+    if args.grammar_backend not in GRAMMAR_BACKENDS:
+        problems.append(f"--grammar-backend {args.grammar_backend}: choose xgrammar or none (outlines and llguidance "
+                        "are not available here)")
+    cnt = args.constrained_json_max_whitespace_cnt
+    if cnt is not None and cnt < 1:
+        problems.append("--constrained-json-max-whitespace-cnt must be >= 1")
+    return problems
+
+
 # --schedule-policy: upstream 0.5.23's values; the ones that need machinery this engine does not have stop
 # start-up with the reason
 SCHEDULE_POLICIES = ("fcfs", "lpm", "random", "dfs-weight", "lof", "priority")
@@ -225,6 +239,13 @@ class ServerArgs:
     quantization: str | None = field(default=None, metadata=_arg("weight quantization: none is supported"))
     kv_cache_dtype: str = field(default="auto", metadata=_arg("KV cache dtype: auto (the model dtype) only"))
     revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
+    grammar_backend: str = field(default="xgrammar", metadata=_arg(
+        "constrained output (json_schema, regex, ebnf, response_format): xgrammar, or none to refuse constraints "
+        "with a 400 (upstream's outlines and llguidance are not available)"))
+    constrained_json_disable_any_whitespace: bool = field(default=False, metadata=_arg(
+        "JSON schema output without free whitespace between tokens (compact JSON)"))
+    constrained_json_max_whitespace_cnt: int | None = field(default=None, metadata=_arg(
+        "at most this many whitespace characters in a row in JSON schema output (default: unlimited)"))
 
     def __post_init__(self):
         problems = []
@@ -258,6 +279,7 @@ class ServerArgs:
             problems.append(f"--mm-attention-backend {self.mm_attention_backend}: choose sdpa or triton_attn "
                             "(triton is the same)")
         problems += self._scheduling_problems() + self._limit_problems()
+        problems += _grammar_problems(self)
         for var in (envs.SGLANG_IMAGE_MAX_PIXELS, envs.SGLANG_RESIZE_RESAMPLE):  # read by the image processor
             try:
                 var.get()
