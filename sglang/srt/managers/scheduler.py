@@ -193,23 +193,8 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
                 return None
         self.new_token_ratio.on_decode_step()
         batch = ScheduleBatch(ForwardMode.DECODE, list(self.running))
-        batch.out_cache_loc = self._decode_slots()
+        batch.out_cache_loc = self.kv.extend_decode(self.running)
         return batch
-
-    def _decode_slots(self) -> torch.Tensor:
-        """One new KV slot per running request (the caller made sure they are available). With page
-        size 1 they come from one allocation and each request's share is recorded with host work
-        only (its table write queued, the slot appended to its list): what KVCacheManager.extend(req,
-        1) does, without a dozen tensor ops per request. With pages a request first fills its own
-        last page, so extend runs per request."""
-        if self.kv.allocator.page_size != 1:
-            return torch.cat([self.kv.extend(r, 1) for r in self.running])
-        locs = self.kv.alloc_tokens(len(self.running))
-        write = self.kv.req_to_token_pool.write
-        for r, loc in zip(self.running, locs.split(1)):
-            write(r.req_pool_idx, r.kv_len, loc)
-            r.append_kv_slots(loc)
-        return locs
 
     def _retract(self, req: Req) -> None:
         """Out of KV for decoding: free this request's KV (its prefix goes to the radix cache) and

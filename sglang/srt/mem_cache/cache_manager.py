@@ -71,6 +71,21 @@ class KVCacheManager:
         req.kv_indices = torch.cat([req.kv_indices, loc.cpu()])
         return loc
 
+    def extend_decode(self, reqs: list) -> torch.Tensor:
+        """One new slot per request (a decode step; the caller made sure they are available), in the
+        requests' order. With page size 1 they come from one allocation and each request's share is
+        recorded with host work only (its table write queued, the slot appended to its lazily joined
+        slot list): what `extend(req, 1)` does, without a dozen tensor ops per request. With pages a
+        request first fills its own last page, so `extend` runs per request."""
+        if self.allocator.page_size != 1:
+            return torch.cat([self.extend(r, 1) for r in reqs])
+        locs = self.alloc_tokens(len(reqs))
+        write = self.req_to_token_pool.write
+        for r, loc in zip(reqs, locs.split(1)):
+            write(r.req_pool_idx, r.kv_len, loc)
+            r.append_kv_slots(loc)
+        return locs
+
     def release(self, req) -> None:
         """Gives the request's KV prefix to the radix tree (duplicates and the unaligned tail are
         freed), unlocks its cached prefix and frees its request slot. Safe to call once per admission."""
