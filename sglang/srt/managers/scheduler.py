@@ -28,7 +28,7 @@ from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutput
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
 from sglang.srt.mem_cache.radix_cache import RadixCache
-from sglang.srt.model_executor.activation_budget import available_bytes, fit_chunk, prefill_activation_bytes
+from sglang.srt.model_executor.memory_budget import available_bytes, fit_chunk, prefill_activation_bytes
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.multimodal.hashing import configured_hash_algo
 from sglang.srt.server_args import PortArgs, ServerArgs, derive_max_running_requests

@@ -14,9 +14,9 @@ from sglang.srt.layers.attention.vision_attention import configure_vision_attent
 from sglang.srt.layers.linear import kv_heads_per_rank
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.memory_budget import kv_budget_tokens
 from sglang.srt.server_args import derive_max_running_requests
 from sglang.srt.multimodal.embedder import MultimodalEmbedConfig, MultimodalEmbedder
-from sglang.srt.multimodal.transport.cuda_ipc_budget import kv_budget_tokens
 from sglang.srt.model_loader.loader import get_model
 
 logger = logging.getLogger(__name__)

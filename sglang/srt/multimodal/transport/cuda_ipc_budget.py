@@ -26,12 +26,3 @@ def cuda_ipc_reserved_bytes(transport: str, pool_bytes: int, local_rank: int, nu
         "tokenizer_context": context_bytes,
         "peer_contexts": context_bytes * max(0, num_local_ranks - 1),
     }
-
-
-def kv_budget_tokens(total: int, free: int, mem_fraction_static: float, reserved: int,
-                     bytes_per_token: int) -> tuple[int, int]:
-    """(tokens, budget bytes): the KV cache gets mem_fraction_static of the device, less what is already
-    resident (weights, this process's context) and what other processes will place there later."""
-    used = total - free
-    budget = int(total * mem_fraction_static) - used - reserved
-    return max(0, budget) // bytes_per_token, budget

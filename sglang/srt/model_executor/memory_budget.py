@@ -1,4 +1,8 @@
-"""Start-up check that one prefill chunk's activations fit in what the KV pool left.
+"""What the KV cache and one prefill chunk may take of a device (or the host), decided at start-up.
+
+The KV budget is mem_fraction_static of the device less what is resident (weights, the context) and
+what other processes will place there later (`reserved`: the cuda_ipc feature pool and the contexts
+that map it, `multimodal/transport/cuda_ipc_budget.py`).
 
 A chunk's transient memory grows with the chunk (hidden states, q/k/v, the MLP's intermediate) and with
 the context it attends (the keys gathered per layer), never with chunk x context since prefill attention
@@ -32,6 +36,15 @@ def prefill_activation_bytes(text, chunk_tokens: int, context_length: int, dtype
     scores = SCORE_TILE_BYTES * 3  # one query tile's scores, probabilities and mask
     logits = PROMPT_LOGPROB_ROWS * text.vocab_size * 4 * 2  # float32 logits and their log-softmax
     return hidden + qkv + mlp + keys + scores + logits
+
+
+def kv_budget_tokens(total: int, free: int, mem_fraction_static: float, reserved: int,
+                     bytes_per_token: int) -> tuple[int, int]:
+    """(tokens, budget bytes): the KV cache gets mem_fraction_static of the device, less what is already
+    resident (weights, this process's context) and what other processes will place there later."""
+    used = total - free
+    budget = int(total * mem_fraction_static) - used - reserved
+    return max(0, budget) // bytes_per_token, budget
 
 
 def available_bytes(device) -> int:

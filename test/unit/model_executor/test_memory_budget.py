@@ -1,11 +1,11 @@
-"""Start-up check of one prefill chunk's activations against the memory the KV cache left."""
+"""Start-up memory decisions: the KV budget, and one prefill chunk's activations against what it left."""
 
 from __future__ import annotations
 
 import pytest
 
 from sglang.srt.configs.model_config import TextConfig
-from sglang.srt.model_executor.activation_budget import MIN_CHUNK, fit_chunk, prefill_activation_bytes
+from sglang.srt.model_executor.memory_budget import MIN_CHUNK, fit_chunk, kv_budget_tokens, prefill_activation_bytes
 
 GiB = 1 << 30
 # Qwen3-VL-4B's text model (MISSION section 6)
@@ -38,3 +38,8 @@ def test_a_chunk_that_does_not_fit_is_halved_until_it_does_with_one_line():
 def test_nothing_fits_is_one_clear_start_up_error():
     with pytest.raises(RuntimeError, match=f"a {MIN_CHUNK}-token prefill chunk needs .* GiB of activations"):
         fit_chunk(8192, lambda n: n * GiB, available=10 * GiB)
+
+
+def test_a_kv_budget_eaten_by_a_reservation_is_zero_tokens_and_negative_bytes():
+    tokens, budget = kv_budget_tokens(80 * GiB, 20 * GiB, 0.8, 8 * GiB, 1 << 20)
+    assert tokens == 0 and budget < 0
