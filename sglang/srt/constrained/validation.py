@@ -19,7 +19,7 @@ VALIDATION_CACHE_ENTRIES = 1024
 class GrammarValidator:
     def __init__(self, server_args, tokenizer_path: str, vocab_size: int, backend=None,
                  timeout_s: float = COMPILE_TIMEOUT_S):
-        self.backend_name = getattr(server_args, "grammar_backend", "xgrammar")
+        self.backend_name = server_args.grammar_backend
         self.timeout_s = timeout_s
         self.cache = None
         if self.backend_name != "none":

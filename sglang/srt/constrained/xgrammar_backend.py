@@ -29,8 +29,7 @@ class JsonOptions:
 
     @classmethod
     def from_server_args(cls, args) -> "JsonOptions":
-        return cls(bool(getattr(args, "constrained_json_disable_any_whitespace", False)),
-                   getattr(args, "constrained_json_max_whitespace_cnt", None))
+        return cls(bool(args.constrained_json_disable_any_whitespace), args.constrained_json_max_whitespace_cnt)
 
 
 class XGrammarBackend:

@@ -78,7 +78,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         self.hash_algo = configured_hash_algo()  # resolved once; items the tokenizer did not hash use it
         # constrained requests wait here (no KV held) while their grammar compiles; None: --grammar-backend none
         self.grammar_queue = None
-        if getattr(server_args, "grammar_backend", "xgrammar") != "none":
+        if server_args.grammar_backend != "none":
             self.grammar_queue = GrammarQueue(server_args, self._tokenizer_path, self.worker.vocab_size,
                                               self.eos_ids, tp)
 
