@@ -26,7 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 from sglang import __version__
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
-from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
+from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList, pick_image_settings
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
     collect_until_disconnect,
@@ -343,10 +343,10 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
     priorities = priority if batch and isinstance(priority, list) else [priority] * n
     if len(priorities) != n:
         raise GenerateError(f"a batch of {n} prompts needs priority as one integer or a list of {n}")
-    image_kwargs = [(data[k], k) for k in ("mm_processor_kwargs", "images_config") if data.get(k) is not None]
-    if len(image_kwargs) > 1:
-        raise GenerateError("give the image settings in mm_processor_kwargs or images_config, not both")
-    image_kwargs, image_kwargs_name = image_kwargs[0] if image_kwargs else (None, "mm_processor_kwargs")
+    try:
+        image_kwargs, image_kwargs_name = pick_image_settings(data.get("mm_processor_kwargs"), data.get("images_config"))
+    except ValueError as e:
+        raise GenerateError(str(e)) from None
     objs = []
     for i, prompt in enumerate(prompts):
         img = per_images[i]

@@ -15,6 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field
 FinishReasonStr = Literal["stop", "length", "abort"]
 
 
+def pick_image_settings(mm_processor_kwargs: Any, images_config: Any) -> tuple[Any, str]:
+    """A request's image processor settings and the field that carried them (vLLM's `mm_processor_kwargs`
+    or upstream's `images_config`; neither: None). Both at once is refused (ValueError)."""
+    if images_config is not None and mm_processor_kwargs is not None:
+        raise ValueError("give the image settings in mm_processor_kwargs or images_config, not both")
+    if images_config is not None:
+        return images_config, "images_config"
+    return mm_processor_kwargs, "mm_processor_kwargs"
+
+
 class _Tolerant(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -88,16 +98,16 @@ class ChatCompletionRequest(_Tolerant):
 
     def image_kwargs(self) -> tuple[dict[str, Any] | None, str]:
         """(settings, the field that carried them); unsupported() refuses both fields at once."""
-        if self.images_config is not None:
-            return self.images_config, "images_config"
-        return self.mm_processor_kwargs, "mm_processor_kwargs"
+        return pick_image_settings(self.mm_processor_kwargs, self.images_config)
 
     def unsupported(self) -> str | None:
         """A message naming the first requested feature this server does not implement, if any."""
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs needs logprobs: true"
-        if self.images_config is not None and self.mm_processor_kwargs is not None:
-            return "give the image settings in mm_processor_kwargs or images_config, not both"
+        try:
+            pick_image_settings(self.mm_processor_kwargs, self.images_config)
+        except ValueError as e:
+            return str(e)
         if self.tools:
             return "tools are not supported"
         return None
