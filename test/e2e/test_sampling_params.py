@@ -218,3 +218,30 @@ def test_return_text_in_logprobs_names_every_token(server):
     plain = generate(server, text="The sky is", return_logprob=True,
                      sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
     assert all(e[2] is None for e in plain["meta_info"]["output_token_logprobs"])
+
+
+def test_stop_regex_cuts_at_the_first_match_and_names_the_pattern(client):
+    """The greedy output without stop_regex is the oracle: with a pattern taken from its middle, the
+    output is that text cut before the first match, finish_reason stop, matched_stop the pattern;
+    no_stop_trim keeps the match (and the rest of its last token); a stream sends the same text (a match in progress is held back)."""
+    import regex
+
+    base = dict(model="default", prompt="Count: one two three", max_tokens=24, temperature=0)
+    full = client.completions.create(**base, extra_body={"ignore_eos": True}).choices[0].text
+    pattern = regex.escape(full[len(full) // 2 : len(full) // 2 + 2])
+    cut = full[: regex.search(pattern, full).start()]
+    choice = client.completions.create(**base, extra_body={"ignore_eos": True, "stop_regex": pattern}).choices[0]
+    assert (choice.text, choice.finish_reason, choice.matched_stop) == (cut, "stop", pattern)
+    kept = client.completions.create(**base, extra_body={"ignore_eos": True, "stop_regex": [pattern], "no_stop_trim": True})
+    kept_text = kept.choices[0].text  # up to the end of the token that completed the match
+    assert kept_text.startswith(cut + regex.search(pattern, full).group(0)) and full.startswith(kept_text)
+    streamed = client.completions.create(**base, stream=True, extra_body={"ignore_eos": True, "stop_regex": pattern})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == cut
+
+
+def test_bad_stop_regex_is_a_400_naming_it(server):
+    for body in ({"stop_regex": "a("}, {"stop_regex": ".*"}):
+        r = requests.post(server.url + "/v1/completions", json={"prompt": "hi", **body}, timeout=30)
+        assert r.status_code == 400 and "stop_regex" in r.json()["error"]["message"], r.text
+    assert requests.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}},
+                         timeout=30).status_code == 200

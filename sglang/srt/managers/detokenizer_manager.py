@@ -55,8 +55,8 @@ class IncrementalDetokenizer:
             st.sent_text += delta
             return delta
         del self.states[rid]
-        if finish.type == "stop" and isinstance(finish.matched, str) and finish.matched:
-            delta = _trim_at_stop(st.sent_text, delta, finish.matched)
+        if finish.type == "stop" and finish.stop_text:
+            delta = _trim_at_stop(st.sent_text, delta, finish.stop_text)
         return delta
 
     def _advance(self, st: DecodeState, final: bool) -> str:

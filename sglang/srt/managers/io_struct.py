@@ -119,6 +119,9 @@ class FinishReason:
     matched: int | str | None = None  # the stop token id or stop string that ended generation
     message: str | None = None  # for "abort": why (client gone, bad request, server error)
     status_code: int | None = None  # for "abort" caused by bad input: the HTTP status to answer with
+    # for "stop" by a stop string or stop_regex: the text the output is cut before (its first occurrence);
+    # None keeps the output whole (a stop token, or no_stop_trim)
+    stop_text: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"type": self.type}

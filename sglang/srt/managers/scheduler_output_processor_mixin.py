@@ -6,9 +6,12 @@ from __future__ import annotations
 import logging
 import time
 
+import regex
+
 from sglang.srt.managers.io_struct import BatchTokenIDOut, FinishReason
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.metrics.stage_timer import STAGES, rounded
+from sglang.srt.sampling.sampling_params import STOP_REGEX_WINDOW_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +92,13 @@ class SchedulerOutputProcessorMixin:
             tail = self.tokenizer.decode(req.output_ids[-(8 + max(len(s) for s in sp.stop)) :])
             for s in sp.stop:
                 if s in tail:
-                    return FinishReason("stop", matched=s)
+                    return FinishReason("stop", matched=s, stop_text=None if sp.no_stop_trim else s)
+        if sp.stop_regex:
+            tail = self.tokenizer.decode(req.output_ids[-STOP_REGEX_WINDOW_TOKENS:])
+            for pattern in sp.stop_regex:
+                m = regex.search(pattern, tail)
+                if m is not None:
+                    return FinishReason("stop", matched=pattern, stop_text=None if sp.no_stop_trim else m.group(0))
         if len(req.output_ids) >= sp.max_new_tokens:
             return FinishReason("length")
         if req.prompt_len + len(req.output_ids) >= self.context_length:

@@ -22,6 +22,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, AsyncIterator, Callable
 
 from sglang.srt.constrained.validation import GrammarValidator
+from sglang.srt.managers.stop_holdback import stop_holdback
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOut,
@@ -56,8 +57,9 @@ UNSENT_SHM_MAX_AGE_S = 30.0
 class _ReqState:
     rid: str
     stream: bool
-    stop: list[str]
+    stop: list[str]  # stop strings and stop_regex patterns whose matches are cut off (none with no_stop_trim)
     created_time: float
+    stop_regex: list[str] = field(default_factory=list)
     event: asyncio.Event = field(default_factory=asyncio.Event)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
@@ -261,8 +263,9 @@ class TokenizerManager:
         if rid in self.rid_to_state:
             raise GenerateError(f"request id {rid!r} is already in use")
         sp = tokenized.sampling_params
-        state = _ReqState(rid, tokenized.stream, list(sp.stop), tokenized.created_time,
-                          logprob_text=sp.return_text_in_logprobs)
+        trimmed = not sp.no_stop_trim
+        state = _ReqState(rid, tokenized.stream, list(sp.stop) if trimmed else [], tokenized.created_time,
+                          stop_regex=list(sp.stop_regex) if trimmed else [], logprob_text=sp.return_text_in_logprobs)
         if self._forget_preparing(rid):  # aborted while its images were decoding: never sent
             release_unsent(self.builder.take_unsent_shm(rid))
             state.finished_reason = FinishReason("abort", message="aborted by an abort_request")
@@ -310,7 +313,7 @@ class TokenizerManager:
         return meta
 
     def _stream_output(self, state: _ReqState) -> dict[str, Any] | None:
-        visible = len(state.text) - _stop_prefix_holdback(state.text, state.stop)
+        visible = len(state.text) - stop_holdback(state.text, state.stop, state.stop_regex)
         if visible <= state.sent_text_len and len(state.output_ids) <= state.sent_ids_len:
             return None
         state.sent_text_len = max(visible, state.sent_text_len)
@@ -325,8 +328,8 @@ class TokenizerManager:
             status = fr.status_code
             raise GenerateError(fr.message or "request aborted", status, "invalid_request_error" if status < 500 else "server_error")
         text = state.text
-        if fr.type == "stop" and isinstance(fr.matched, str) and fr.matched and fr.matched in text:
-            text = text[: text.find(fr.matched)]
+        if fr.type == "stop" and fr.stop_text and fr.stop_text in text:
+            text = text[: text.find(fr.stop_text)]
         return {"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
@@ -510,15 +513,3 @@ class TokenizerManager:
 def _log_send_failure(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         logger.warning("could not send an abort to the scheduler: %s", fut.exception())
-
-
-def _stop_prefix_holdback(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a stop string: streamed text
-    holds it back until it is known not to start a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best

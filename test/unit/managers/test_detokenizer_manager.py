@@ -48,14 +48,14 @@ def test_skip_special_tokens_is_honoured(tokenizer):
 def test_stop_string_trims_the_final_output(tokenizer):
     ids = tokenizer.encode("the answer is 42. The end", add_special_tokens=False)
     detok = IncrementalDetokenizer(tokenizer)
-    deltas = feed(detok, "r", ids, [2], finish=FinishReason("stop", matched="42."))
+    deltas = feed(detok, "r", ids, [2], finish=FinishReason("stop", matched="42.", stop_text="42."))
     assert "".join(deltas) == "the answer is "
 
 
 def test_stop_string_starting_in_sent_text_leaves_the_trim_to_the_receiver(tokenizer):
     ids = tokenizer.encode("abc xyz", add_special_tokens=False)
     detok = IncrementalDetokenizer(tokenizer)
-    deltas = feed(detok, "r", ids, [len(ids) - 1], finish=FinishReason("stop", matched="c xyz"))
+    deltas = feed(detok, "r", ids, [len(ids) - 1], finish=FinishReason("stop", matched="c xyz", stop_text="c xyz"))
     full = "".join(deltas)
     assert full == "abc xyz" and full[: full.find("c xyz")] == "ab"
 

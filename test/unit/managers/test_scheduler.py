@@ -134,6 +134,32 @@ def test_stop_conditions(model):
     assert len(s.outputs[r2]) <= 5
 
 
+def test_stop_regex_ends_at_the_first_step_whose_output_end_matches(model):
+    """The oracle replays the greedy reference token by token: the request must stop at the first
+    length whose decoded output (its last STOP_REGEX_WINDOW_TOKENS tokens) contains a match."""
+    import regex
+
+    from sglang.srt.sampling.sampling_params import STOP_REGEX_WINDOW_TOKENS
+
+    path, proc, sb = model
+    ids = _text(15, 41)
+    (ref,) = _reference(sb, [(ids, None)], 8)
+    s = InProcessScheduler(path)
+    tok = s.sched.tokenizer
+    full = tok.decode(ref)
+    pattern = regex.escape(full[len(full) // 2]) + ".?"  # a character from the middle, then any one
+    expected = next(k for k in range(1, len(ref) + 1)
+                    if regex.search(pattern, tok.decode(ref[:k][-STOP_REGEX_WINDOW_TOKENS:])))
+    trimmed = s.submit(ids, None, max_new_tokens=8, stop_regex=[pattern], ignore_eos=True)
+    kept = s.submit(ids, None, max_new_tokens=8, stop_regex=[pattern], ignore_eos=True, no_stop_trim=True)
+    s.run_until_idle()
+    for rid in (trimmed, kept):
+        assert s.outputs[rid] == ref[:expected]
+        assert s.finished[rid].type == "stop" and s.finished[rid].matched == pattern
+    match = regex.search(pattern, tok.decode(ref[:expected]))
+    assert s.finished[trimmed].stop_text == match.group(0) and s.finished[kept].stop_text is None
+
+
 def test_requests_breaking_the_schedulers_invariants_are_rejected_with_400(model):
     """Parameters and image counts are validated by the RequestBuilder (test_request_builder.py); the
     scheduler still refuses what would break its own structures, whoever sent it."""

@@ -84,6 +84,8 @@ class ChatCompletionRequest(_Tolerant):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    no_stop_trim: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     rid: str | None = None
     repetition_penalty: float | None = None
@@ -142,6 +144,8 @@ class CompletionRequest(_Tolerant):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    no_stop_trim: bool = False
     rid: str | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None

@@ -298,6 +298,8 @@ def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str 
         "seed": req.seed,
         "stop": req.stop,
         "stop_token_ids": req.stop_token_ids,
+        "stop_regex": req.stop_regex,
+        "no_stop_trim": req.no_stop_trim,
         "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
         "frequency_penalty": req.frequency_penalty,
