@@ -2,7 +2,7 @@
 
 Endpoints, on upstream SGLang's paths: /, /health, /health_generate, /ping, /ready, /metrics
 (--enable-metrics), /v1/models, /v1/models/{model}, /model_info (also /get_model_info), /server_info
-(also /get_server_info), /flush_cache, /abort_request, /start_profile, /stop_profile, /tokenize and
+(also /get_server_info), /get_load, /flush_cache, /abort_request, /start_profile, /stop_profile, /tokenize and
 /detokenize (also under /v1/), native /generate (POST or PUT), /v1/chat/completions and /v1/completions.
 Errors are OpenAI-style JSON `{"error": {"message", "type", "code"}}`.
 """
@@ -216,6 +216,14 @@ def create_app(
         return json_response({**redact_secrets(dataclasses.asdict(server_args)), "model_path": tm.model_path,
                               "attention_backend": lm_attn, "mm_attention_backend": mm_attn, **info,
                               "version": __version__})
+
+    @app.get("/get_load")
+    async def get_load() -> Response:
+        """Upstream's load report, polled by sglang-router: one entry per data-parallel replica."""
+        try:
+            return json_response(await tm.get_load())
+        except GenerateError as e:
+            return error_response(e)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:

@@ -97,6 +97,13 @@ class GetServerInfoReq:
 
 
 @dataclass
+class GetLoadReq:
+    """/get_load -> every scheduler replica (rank 0 answers for its TP group)."""
+
+    req_id: int = 0
+
+
+@dataclass
 class ProfileReq:
     """/start_profile, /stop_profile -> every scheduler rank: torch.profiler runs where the model runs.
     Each rank writes `<output_dir>/<profile_id>-TP-<rank>.trace.json.gz` when profiling stops (on
@@ -173,6 +180,18 @@ class FlushCacheReqOutput:
 @dataclass
 class GetServerInfoReqOutput:
     info: dict[str, Any]
+    req_id: int = 0
+
+
+@dataclass
+class GetLoadReqOutput:
+    """One replica's load in upstream's /get_load fields: requests held (running + waiting), waiting ones,
+    and tokens (KV held by running requests plus prompts still to prefill)."""
+
+    dp_rank: int
+    num_reqs: int
+    num_waiting_reqs: int
+    num_tokens: int
     req_id: int = 0
 
 

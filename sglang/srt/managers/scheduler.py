@@ -41,9 +41,11 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
     """One TP rank's scheduler: the loop and the batch decisions live here; receiving requests is in
     `scheduler_io_mixin.py`, applying results and sending them in `scheduler_output_processor_mixin.py`."""
 
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs | None, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0):
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs | None, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0,
+                 dp_rank: int = 0):
         self.server_args = server_args
         self.tp = tp
+        self.dp_rank = dp_rank  # which data-parallel replica this TP group is (--dp-size)
         model_path = server_args.resolved_model_path()
         self.worker = TpModelWorker(server_args, model_path, tp, gpu_id)
         runner = self.worker.model_runner

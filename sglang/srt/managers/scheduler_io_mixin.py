@@ -15,6 +15,8 @@ from sglang.srt.managers.io_struct import (
     FinishReason,
     FlushCacheReq,
     FlushCacheReqOutput,
+    GetLoadReq,
+    GetLoadReqOutput,
     GetServerInfoReq,
     GetServerInfoReqOutput,
     ProfileReq,
@@ -34,6 +36,7 @@ logger = logging.getLogger(__name__)
 class SchedulerIOMixin:
     _profiler: SchedulerProfiler | None = None  # made by the first ProfileReq
     grammar_queue = None  # constrained requests compiling their grammar (the Scheduler sets it)
+    dp_rank = 0  # the data-parallel replica (the Scheduler sets it)
 
     # ------------------------------------------------------------------ input
     @property
@@ -98,6 +101,10 @@ class SchedulerIOMixin:
                 self.send(out)
             elif isinstance(msg, GetServerInfoReq):
                 self.send(GetServerInfoReqOutput(self.get_info(), req_id=msg.req_id))
+            elif isinstance(msg, GetLoadReq):
+                load = self.get_load()
+                load.req_id = msg.req_id
+                self.send(load)
             elif isinstance(msg, ProfileReq):
                 self.handle_profile(msg)
             else:
@@ -197,8 +204,18 @@ class SchedulerIOMixin:
         out.req_id = req.req_id
         self.send(out)
 
+    def get_load(self) -> GetLoadReqOutput:
+        """This replica's load now (upstream's /get_load fields). Requests still compiling a grammar count
+        as waiting: they hold no KV yet but will."""
+        held = self.running + ([self.chunked_req] if self.chunked_req else [])
+        waiting = self.waiting + ([r for r, _ in self.grammar_queue.pending] if self.grammar_queue else [])
+        tokens = sum(r.kv_len for r in held) + sum(r.prompt_len - r.kv_len for r in waiting)
+        return GetLoadReqOutput(dp_rank=self.dp_rank, num_reqs=len(held) + len(waiting),
+                                num_waiting_reqs=len(waiting), num_tokens=tokens)
+
     def get_info(self) -> dict:
         return {
+            "dp_rank": self.dp_rank,
             "max_total_num_tokens": self.max_total_num_tokens,
             "max_running_requests": self.max_running_requests,
             "available_kv_tokens": self.kv.available_tokens(),

@@ -30,6 +30,8 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReq,
     FlushCacheReqOutput,
     GenerateReqInput,
+    GetLoadReq,
+    GetLoadReqOutput,
     GetServerInfoReq,
     GetServerInfoReqOutput,
     ProfileReq,
@@ -73,13 +75,24 @@ class _ReqState:
     last_output_time: float = 0.0
 
 
+@dataclass
+class _ControlWait:
+    """A control request in flight: one reply expected from every data-parallel replica."""
+
+    future: asyncio.Future
+    expected: int
+    replies: list = field(default_factory=list)
+
+
 class TokenizerManager:
     grammar: GrammarValidator | None = None  # set in __init__
+    dp_size = 1  # replicas answering each control request (set in __init__ from --dp-size)
 
     def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: SchedulerReady | None = None):
         self.server_args = server_args
         self.port_args = port_args
         self.scheduler_info = scheduler_info
+        self.dp_size = server_args.dp_size
         self.model_path = server_args.resolved_model_path()
         self.builder = RequestBuilder(server_args, self.model_path, scheduler_info)
         self.tokenizer = self.builder.tokenizer
@@ -104,7 +117,7 @@ class TokenizerManager:
         self.dead_reason: str | None = None
         self.has_served = False  # an output came back through scheduler and detokenizer (/ready)
         self._closing = False
-        self._control_waiters: dict[int, asyncio.Future] = {}  # control request id -> its reply
+        self._control_waiters: dict[int, _ControlWait] = {}  # control request id -> its replies
         self._control_ids = itertools.count(1)
         self._background: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -212,9 +225,9 @@ class TokenizerManager:
             state.error = err
             state.event.set()
         self.rid_to_state.clear()
-        for fut in list(self._control_waiters.values()):
-            if not fut.done():
-                fut.set_exception(err)
+        for wait in list(self._control_waiters.values()):
+            if not wait.future.done():
+                wait.future.set_exception(err)
         if self._on_child_death is not None:
             self._on_child_death(reason)
 
@@ -362,7 +375,7 @@ class TokenizerManager:
                 msg = await self._recv_sock.recv_pyobj()
                 if isinstance(msg, BatchStrOut):
                     self._handle_batch_str_out(msg)
-                elif isinstance(msg, (FlushCacheReqOutput, GetServerInfoReqOutput, ProfileReqOutput)):
+                elif isinstance(msg, (FlushCacheReqOutput, GetServerInfoReqOutput, ProfileReqOutput, GetLoadReqOutput)):
                     self._resolve_control(msg)
                 else:
                     logger.warning("tokenizer manager: ignoring unexpected message %s", type(msg).__name__)
@@ -484,14 +497,26 @@ class TokenizerManager:
         """Starts or stops the schedulers' torch profilers (a stop waits for the traces to be written)."""
         return await self._control(req, timeout)
 
+    async def get_load(self, timeout: float = CONTROL_TIMEOUT_S) -> list[dict[str, Any]]:
+        """Every replica's load (upstream's /get_load list), by dp_rank."""
+        outs = await self._control_all(GetLoadReq(), timeout)
+        return [{"dp_rank": o.dp_rank, "num_reqs": o.num_reqs, "num_waiting_reqs": o.num_waiting_reqs,
+                 "num_tokens": o.num_tokens} for o in sorted(outs, key=lambda o: o.dp_rank)]
+
     async def _control(self, req: Any, timeout: float) -> Any:
+        """One reply (dp size 1: the only replica's)."""
+        return (await self._control_all(req, timeout))[0]
+
+    async def _control_all(self, req: Any, timeout: float) -> list[Any]:
+        """Sends a control request and waits for the reply of every data-parallel replica (the
+        data-parallel controller hands control requests to all of them)."""
         self._raise_if_unhealthy()
-        fut = asyncio.get_running_loop().create_future()
         req.req_id = next(self._control_ids)
-        self._control_waiters[req.req_id] = fut
+        wait = _ControlWait(asyncio.get_running_loop().create_future(), self.dp_size)
+        self._control_waiters[req.req_id] = wait
         await self._send_sock.send_pyobj(req)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await asyncio.wait_for(wait.future, timeout)
         except asyncio.TimeoutError:
             raise GenerateError(
                 f"the scheduler did not answer {type(req).__name__} within {timeout:g} s", 504, "timeout"
@@ -500,14 +525,17 @@ class TokenizerManager:
             self._control_waiters.pop(req.req_id, None)
 
     def _resolve_control(self, msg: Any) -> None:
-        """The waiter with the reply's id gets it; a reply whose waiter gave up (timed out) is dropped,
-        so it can never answer a later request."""
-        fut = self._control_waiters.pop(msg.req_id, None)
-        if fut is None:
+        """The waiter with the reply's id gets it once every replica answered; a reply whose waiter gave
+        up (timed out) is dropped, so it can never answer a later request."""
+        wait = self._control_waiters.get(msg.req_id)
+        if wait is None:
             logger.debug("dropping a late %s (request %d timed out)", type(msg).__name__, msg.req_id)
-        elif not fut.done():
-            fut.set_result(msg)
             return
+        wait.replies.append(msg)
+        if len(wait.replies) >= wait.expected:
+            self._control_waiters.pop(msg.req_id, None)
+            if not wait.future.done():
+                wait.future.set_result(wait.replies)
 
 
 def _log_send_failure(fut: asyncio.Future) -> None:

@@ -56,6 +56,9 @@ class FakeTM:
     async def get_server_info(self):
         return {"num_running_reqs": 0, "available_kv_tokens": 100}
 
+    async def get_load(self):
+        return [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+
     async def render_metrics(self):
         return "# metrics\n"
 

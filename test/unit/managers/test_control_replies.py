@@ -64,3 +64,27 @@ def test_replies_out_of_order_reach_their_own_waiters():
         assert (await a).info == {"n": "a"} and (await b).info == {"n": "b"}
 
     asyncio.run(scenario())
+
+
+def test_a_control_request_waits_for_every_replica_and_get_load_orders_them():
+    """At --dp-size 2 each control request is answered by both replicas: the first reply alone resolves
+    nothing, and /get_load lists the replicas by dp_rank whatever order they answered in."""
+    from sglang.srt.managers.io_struct import GetLoadReqOutput
+
+    async def scenario():
+        tm = _manager()
+        tm.dp_size = 2
+        task = asyncio.ensure_future(tm.get_load(timeout=5))
+        while not tm._send_sock.sent:
+            await asyncio.sleep(0)
+        rid = tm._send_sock.sent[0].req_id
+        tm._resolve_control(GetLoadReqOutput(dp_rank=1, num_reqs=3, num_waiting_reqs=1, num_tokens=70, req_id=rid))
+        await asyncio.sleep(0)
+        assert not task.done()
+        tm._resolve_control(GetLoadReqOutput(dp_rank=0, num_reqs=0, num_waiting_reqs=0, num_tokens=0, req_id=rid))
+        loads = await task
+        assert loads == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0},
+                         {"dp_rank": 1, "num_reqs": 3, "num_waiting_reqs": 1, "num_tokens": 70}]
+        assert tm._control_waiters == {}
+
+    asyncio.run(scenario())
