@@ -90,6 +90,10 @@ _FIELDS = {
 }
 
 
+# the OpenAI body's top-level fields that carry a constraint
+CONSTRAINT_FIELDS = ("response_format", *_FIELDS)
+
+
 def constraint_params(fields: dict[str, Any]) -> dict[str, str]:
     """The OpenAI body's constraint fields (`fields`: name -> value, None for absent) -> at most one of
     {"json_schema" | "regex" | "ebnf": text}."""
@@ -111,8 +115,7 @@ def constraint_params(fields: dict[str, Any]) -> dict[str, str]:
 def openai_constraint_fields(req: Any) -> dict[str, Any]:
     """The constraint fields of a pydantic OpenAI request, declared or extra."""
     extra = getattr(req, "model_extra", None) or {}
-    names = ("response_format", *_FIELDS)
-    return {n: getattr(req, n, None) if getattr(req, n, None) is not None else extra.get(n) for n in names}
+    return {n: getattr(req, n, None) if getattr(req, n, None) is not None else extra.get(n) for n in CONSTRAINT_FIELDS}
 
 
 def checked_sampling_constraint(params: Any) -> tuple[str, str] | None:

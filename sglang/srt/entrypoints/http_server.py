@@ -26,6 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 from sglang import __version__
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
+from sglang.srt.entrypoints.field_policy import GENERATE_REFUSED, check_fields
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList, pick_image_settings
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
@@ -320,8 +321,16 @@ def _rank_paths(files: list[str]) -> str:
 _TOP_LEVEL_LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs")
 
 
+# the /generate body's keys read by native_requests; upstream's others are in GENERATE_REFUSED
+NATIVE_FIELDS = ("text", "input_ids", "image_data", "sampling_params", "stream", "rid", "priority",
+                 "mm_processor_kwargs", "images_config", *_TOP_LEVEL_LOGPROB_KEYS)
+
+
 def native_requests(data: dict[str, Any], created: float) -> tuple[list[GenerateReqInput], bool]:
     """The native /generate body -> one GenerateReqInput per prompt, and whether it was a batch."""
+    problem = check_fields(data, NATIVE_FIELDS, GENERATE_REFUSED)
+    if problem:
+        raise GenerateError(problem)
     text, input_ids = data.get("text"), data.get("input_ids")
     if (text is None) == (input_ids is None):
         raise GenerateError("give exactly one of 'text' or 'input_ids'")

@@ -32,6 +32,7 @@ from sglang.srt.multimodal.transport.shm import (
     mm_items_to_shm,
     segment_prefix,
 )
+from sglang.srt.entrypoints.field_policy import SAMPLING_REFUSED, refusal_message
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled
@@ -357,6 +358,11 @@ def make_sampling_params(raw: dict[str, Any] | None) -> tuple[SamplingParams, bo
         kw["min_new_tokens"] = kw.pop("min_tokens")
     to_context = "max_new_tokens" in raw and raw["max_new_tokens"] is None
     known = SamplingParams.__dataclass_fields__
+    for name, value in kw.items():
+        refusal = SAMPLING_REFUSED.get(name)
+        if refusal is not None and refusal.refuses(value):
+            raise GenerateError(f"sampling_params.{refusal_message(name, refusal)}")
+    kw = {k: v for k, v in kw.items() if k not in SAMPLING_REFUSED}  # their "off" values: nothing to do
     unknown = sorted(set(kw) - set(known))
     if unknown:
         raise GenerateError(f"unknown sampling parameter(s): {', '.join(unknown)}; known: {', '.join(known)}")

@@ -1,6 +1,7 @@
-"""OpenAI wire types (pydantic): chat completions, completions, models, errors. Requests tolerate
-unknown fields, as OpenAI clients send many; fields we cannot honour are refused by the request's
-`unsupported()` instead of being silently ignored."""
+"""OpenAI wire types (pydantic): chat completions, completions, models, errors. A request's top-level
+fields are checked before these models read it (sglang/srt/entrypoints/field_policy.py: unknown and
+unimplemented fields are 400s naming them); values a declared field cannot honour are refused by the
+request's `unsupported()`. Nested objects (messages, parts) tolerate extra keys."""
 
 from __future__ import annotations
 
@@ -164,9 +165,6 @@ class CompletionRequest(_Tolerant):
             return f"best_of={self.best_of} is not supported: only best_of equal to n"
         if self.suffix:
             return "suffix is not supported"
-        for key in ("mm_processor_kwargs", "images_config"):
-            if (self.model_extra or {}).get(key) is not None:
-                return f"{key} is not supported: completions take no images (use /v1/chat/completions or /generate)"
         if isinstance(self.prompt, list) and not self.prompt:
             return "prompt is empty"
         return None

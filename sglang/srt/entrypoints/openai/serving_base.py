@@ -19,7 +19,13 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from sglang.srt.constrained.request_fields import ConstraintError, constraint_params, openai_constraint_fields
+from sglang.srt.constrained.request_fields import (
+    CONSTRAINT_FIELDS,
+    ConstraintError,
+    constraint_params,
+    openai_constraint_fields,
+)
+from sglang.srt.entrypoints.field_policy import Refusal, check_fields
 from sglang.srt.entrypoints.openai.protocol import PromptTokensDetails, UsageInfo
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.errors import GenerateError
@@ -216,6 +222,7 @@ class OpenAIServingBase:
 
     request_model: type[BaseModel]
     id_prefix: str
+    refused_fields: dict[str, Refusal]  # upstream's and OpenAI's fields this endpoint does not implement
 
     def __init__(self, tokenizer_manager: TokenizerManager, model_name: str):
         self.tokenizer_manager = tokenizer_manager
@@ -254,8 +261,17 @@ class OpenAIServingBase:
         builder = getattr(self.tokenizer_manager, "builder", None)
         return getattr(builder, "tokenizer", None)
 
+    def honoured_fields(self) -> set[str]:
+        """The body's top-level keys this endpoint reads: its model's fields (and their aliases) and
+        the output-constraint fields read from the extras."""
+        fields = self.request_model.model_fields
+        return {*fields, *(f.alias for f in fields.values() if f.alias), *CONSTRAINT_FIELDS}
+
     def _parse(self, body: bytes) -> Any:
         data = parse_json_body(body)
+        problem = check_fields(data, self.honoured_fields(), self.refused_fields)
+        if problem:
+            raise GenerateError(problem)
         try:
             req = self.request_model.model_validate(data)
         except ValidationError as e:

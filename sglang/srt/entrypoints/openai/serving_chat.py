@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
+from sglang.srt.entrypoints.field_policy import CHAT_REFUSED
 from sglang.srt.entrypoints.openai.protocol import (
     AssistantMessage,
     ChatCompletionChoice,
@@ -31,6 +32,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 class OpenAIServingChat(OpenAIServingBase):
     request_model = ChatCompletionRequest
     id_prefix = "chatcmpl"
+    refused_fields = CHAT_REFUSED
 
     def _convert_to_internal_request(self, req: ChatCompletionRequest, created: float) -> GenerateReqInput:
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

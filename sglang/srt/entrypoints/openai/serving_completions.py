@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
+from sglang.srt.entrypoints.field_policy import COMPLETION_REFUSED
 from sglang.srt.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -33,6 +34,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 class OpenAIServingCompletion(OpenAIServingBase):
     request_model = CompletionRequest
     id_prefix = "cmpl"
+    refused_fields = COMPLETION_REFUSED
 
     def _convert_to_internal_requests(self, req: CompletionRequest, created: float) -> list[GenerateReqInput]:
         prompts = req.prompts()

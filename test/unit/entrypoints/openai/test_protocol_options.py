@@ -4,6 +4,7 @@ under vLLM's (`mm_processor_kwargs`) or upstream's (`images_config`) name, one a
 
 from __future__ import annotations
 
+from sglang.srt.entrypoints.field_policy import COMPLETION_REFUSED, check_fields
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -26,5 +27,5 @@ def test_priority_is_a_field_of_both_routes():
 
 def test_completions_refuse_image_settings():
     for key in ("mm_processor_kwargs", "images_config"):
-        req = CompletionRequest.model_validate({"prompt": "x", key: {"max_pixels": 1}})
-        assert req.unsupported().startswith(f"{key} is not supported: completions take no images")
+        problem = check_fields({"prompt": "x", key: {"max_pixels": 1}}, CompletionRequest.model_fields, COMPLETION_REFUSED)
+        assert problem.startswith(f"{key} is not supported: completions take no images")
