@@ -42,6 +42,12 @@ class GrammarCache:
                 self._entries.popitem(last=False)  # the least recently used; its holders keep their future
             return fut
 
+    def stats(self) -> dict[str, int]:
+        """Entries kept, lookups that found one (hits) or started a compile (misses), compiles running."""
+        with self._lock:
+            compiling = sum(not f.done() for f in self._entries.values())
+            return {"entries": len(self._entries), "hits": self.hits, "misses": self.misses, "compiling": compiling}
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)

@@ -232,4 +232,7 @@ class SchedulerIOMixin:
             **self.worker.mm_stats(),
             **ipc_receiver_stats(),
             "image_decode_model": deferred_decode.stats(),  # images decoded where the ViT runs, by path
+            # this rank's compiled grammars, and the requests waiting for theirs (no KV held)
+            "grammar_cache": self.grammar_queue.cache.stats() if self.grammar_queue is not None else None,
+            "num_grammar_queue_reqs": len(self.grammar_queue) if self.grammar_queue is not None else 0,
         }

@@ -489,6 +489,8 @@ class TokenizerManager:
         info = dict(out.info)
         info["shm_fallback_count"] = self.builder.shm_fallback_count
         info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
+        cache = self.grammar.cache if self.grammar is not None else None
+        info["grammar_check_cache"] = cache.stats() if cache is not None else None  # grammars checked before sending
         if getattr(self.builder, "ipc", None) is not None:
             info.update(self.builder.ipc.stats())
         return info
