@@ -171,3 +171,18 @@ def test_dead_scheduler_fails_fast(launch_server, media_dir, media_server):
     assert s.proc.wait(30) == 1, s.log_tail()
     s.assert_clean()
     assert not pid_alive(s.pid_of("sglang-detok"))
+
+
+def test_unknown_and_unimplemented_fields_are_400s_naming_them(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: temprature"):
+        client.chat.completions.create(model="default", messages=msgs, max_tokens=2, extra_body={"temprature": 0.1})
+    with pytest.raises(openai.BadRequestError, match="lora_path: LoRA adapters are not supported"):
+        client.completions.create(model="default", prompt="hi", max_tokens=2, extra_body={"lora_path": "a"})
+    r = requests.post(server.url + "/generate", json={"text": "hi", "return_hidden_states": True}, timeout=30)
+    assert r.status_code == 400 and "return_hidden_states" in r.json()["error"]["message"]
+    ok = client.chat.completions.create(model="default", messages=msgs, max_tokens=2, store=False)  # a default: accepted
+    assert ok.choices[0].finish_reason in ("stop", "length")
