@@ -1,0 +1,372 @@
+"""Qwen2.5-VL / Qwen3-VL video preprocessing: which frames are taken, how they are sized, and the pixel
+tensor the vision tower receives; the same algorithm as transformers' `Qwen2VLVideoProcessor` and
+`Qwen3VLVideoProcessor` (which need torchvision, so they are re-implemented here on torch alone).
+
+1. frame sampling (`sample_indices`), from the stream's frame count and frame rate:
+   - qwen3: `n = int(total / video_fps * fps)` clamped to [min_frames, max_frames] and to `total`,
+     indices `linspace(0, total - 1, n)` rounded;
+   - qwen2 (Qwen2/2.5-VL): `n = total / video_fps * fps` clamped to [min_frames, max_frames'] and to
+     `total`, floored to a multiple of `temporal_patch_size` (max_frames' = max_frames and total floored
+     the same way), indices `arange(0, total, total / n)` truncated (float32 arange, as torch computes it);
+2. resize of every frame to one size, multiples of `patch_size * merge_size`:
+   - qwen3: `smart_resize` over the whole clip (the pixel budget counts every sampled frame);
+   - qwen2: the image `smart_resize` per frame;
+   with torch's antialiased bicubic on uint8 (what torchvision's resize runs on CPU tensors);
+3. `(x - mean * 255) / (std * 255)` in float32 (transformers' fused rescale + normalize);
+4. patchify into `(grid_t * grid_h * grid_w, C * T * P * P)` after repeating the last frame up to a
+   multiple of `temporal_patch_size` (frames are taken in pairs).
+
+Defaults are the processors' class defaults; a checkpoint's `video_preprocessor_config.json` (else its
+`preprocessor_config.json`, as transformers falls back) overrides them. One deliberate difference:
+transformers' Qwen2-VL video processor samples no frames unless told to (`do_sample_frames=False`, every
+decoded frame is used); here Qwen2/2.5-VL sample at 2 fps like Qwen3-VL (the rate the models were trained
+at and qwen-vl-utils' default), unless the config sets `do_sample_frames` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
+from sglang.srt.multimodal.processors.base import MultimodalInputError
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+FAMILIES = ("qwen3", "qwen2")
+# frames whose rate the file does not say (a list of frames): transformers assumes 24 fps
+UNKNOWN_FPS = 24.0
+# keys a request may set for videos (mm_processor_kwargs / images_config); pixels are shared with images
+REQUEST_VIDEO_KEYS = ("fps", "max_frames", "min_frames", "num_frames")
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    # transformers' Qwen3VLVideoProcessor class attributes
+    "qwen3": dict(patch_size=16, min_pixels=128 * 32 * 32, max_pixels=32 * 32 * 768, image_mean=(0.5, 0.5, 0.5),
+                  image_std=(0.5, 0.5, 0.5), fps=2.0, do_sample_frames=True),
+    # Qwen2VLVideoProcessor's, sampling at 2 fps (see the module docstring)
+    "qwen2": dict(patch_size=14, min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768, image_mean=OPENAI_CLIP_MEAN,
+                  image_std=OPENAI_CLIP_STD, fps=2.0, do_sample_frames=True),
+}
+
+
+def family_of(model_type: str) -> str:
+    return "qwen3" if model_type.startswith("qwen3") else "qwen2"
+
+
+def qwen3_video_smart_resize(num_frames: int, height: int, width: int, temporal_factor: int = 2, factor: int = 32,
+                             min_pixels: int = 128 * 32 * 32, max_pixels: int = 32 * 32 * 768) -> tuple[int, int]:
+    """Qwen3-VL's video resize rule: the pixel budget counts all `num_frames` frames."""
+    if num_frames < temporal_factor:
+        raise MultimodalInputError(f"the video has {num_frames} frame(s) to sample from; at least {temporal_factor} "
+                                   "are needed")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise MultimodalInputError(f"video aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@dataclass(frozen=True)
+class QwenVLVideoProcessor:
+    """Immutable video preprocessing config of one model family, and the processing itself (pure,
+    thread-safe). `min_pixels` / `max_pixels` are per frame for qwen2 and per clip for qwen3, as in
+    transformers (`size.shortest_edge` / `size.longest_edge`)."""
+
+    family: str = "qwen3"
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 128 * 32 * 32
+    max_pixels: int = 32 * 32 * 768
+    image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    do_resize: bool = True
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    do_sample_frames: bool = True
+    fps: float | None = 2.0
+    num_frames: int | None = None
+    min_frames: int = 4
+    max_frames: int = 768
+    # a request's per-frame pixel limits (mm_processor_kwargs min_pixels / max_pixels), within the above
+    frame_min_pixels: int | None = None
+    frame_max_pixels: int | None = None
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"video processor family must be one of {FAMILIES}, got {self.family!r}")
+        object.__setattr__(self, "image_mean", tuple(float(v) for v in self.image_mean))
+        object.__setattr__(self, "image_std", tuple(float(v) for v in self.image_std))
+
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def defaults(cls, family: str) -> "QwenVLVideoProcessor":
+        return cls(family=family, **_DEFAULTS[family])
+
+    @classmethod
+    def from_dict(cls, family: str, cfg: Mapping[str, Any] | None) -> "QwenVLVideoProcessor":
+        """The family's defaults under a (video_)preprocessor_config.json dict. `size` gives the pixel
+        limits; the older top-level `min_pixels` / `max_pixels` override it for qwen2 only (transformers'
+        Qwen3-VL video processor reads `size` alone)."""
+        base = cls.defaults(family)
+        cfg = cfg or {}
+        kw: dict[str, Any] = {}
+        for key in ("patch_size", "temporal_patch_size", "merge_size", "min_frames", "max_frames", "num_frames"):
+            if cfg.get(key) is not None:
+                kw[key] = int(cfg[key])
+        for key in ("do_resize", "do_rescale", "do_normalize", "do_sample_frames"):
+            if cfg.get(key) is not None:
+                kw[key] = bool(cfg[key])
+        if cfg.get("rescale_factor") is not None:
+            kw["rescale_factor"] = float(cfg["rescale_factor"])
+        if cfg.get("fps") is not None:
+            kw["fps"] = float(cfg["fps"])
+        for key in ("image_mean", "image_std"):
+            v = cfg.get(key)
+            if v is not None:
+                kw[key] = tuple(v) if isinstance(v, (list, tuple)) else (float(v),) * 3
+        size = cfg.get("size")
+        if isinstance(size, Mapping):
+            if size.get("shortest_edge") is not None:
+                kw["min_pixels"] = int(size["shortest_edge"])
+            if size.get("longest_edge") is not None:
+                kw["max_pixels"] = int(size["longest_edge"])
+        if family == "qwen2":
+            for key in ("min_pixels", "max_pixels"):
+                if cfg.get(key) is not None:
+                    kw[key] = int(cfg[key])
+        return dataclasses.replace(base, **kw)
+
+    @classmethod
+    def from_pretrained(cls, model_path: str, family: str) -> "QwenVLVideoProcessor":
+        """From video_preprocessor_config.json, else preprocessor_config.json, else the defaults."""
+        for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+            path = os.path.join(model_path, name)
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    return cls.from_dict(family, json.load(f))
+        return cls.defaults(family)
+
+    def for_request(self, kwargs: Mapping[str, Any], name: str) -> "QwenVLVideoProcessor":
+        """This config with one request's video settings (fps, num_frames, min_frames, max_frames,
+        min_pixels, max_pixels: keys already known to be present or absent); a value this server cannot
+        honour is a MultimodalInputError naming `name.key`."""
+        changes: dict[str, Any] = {}
+        if kwargs.get("fps") is not None:
+            fps = kwargs["fps"]
+            if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 60:
+                raise MultimodalInputError(f"{name}.fps must be a number of frames per second in (0, 60], got {fps!r}")
+            changes["fps"] = float(fps)
+        for key in ("num_frames", "min_frames", "max_frames"):
+            v = kwargs.get(key)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise MultimodalInputError(f"{name}.{key} must be a positive integer, got {v!r}")
+            if v > self.max_frames:
+                raise MultimodalInputError(f"{name}.{key} {v} is above this server's limit of {self.max_frames} "
+                                           "frames per video")
+            changes[key] = v
+        if changes.get("num_frames") is not None and changes.get("fps") is not None:
+            raise MultimodalInputError(f"{name}: give fps or num_frames for videos, not both")
+        if "num_frames" in changes:
+            changes["fps"] = None
+        lo, hi = changes.get("min_frames", self.min_frames), changes.get("max_frames", self.max_frames)
+        if lo > hi:
+            raise MultimodalInputError(f"{name}: min_frames {lo} is above max_frames {hi}")
+        for key in ("min_pixels", "max_pixels"):  # per frame; checked by the image rules (positive int)
+            if kwargs.get(key) is not None:
+                changes["frame_" + key] = int(kwargs[key])
+        return dataclasses.replace(self, **changes) if changes else self
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+    # ------------------------------------------------------------------ sampling
+    def sample_indices(self, total: int, video_fps: float | None) -> np.ndarray:
+        """Indices (int64, ascending) of the frames taken from a stream of `total` decoded frames."""
+        if total < 1:
+            raise MultimodalInputError("the video has no frames")
+        if not self.do_sample_frames:
+            return np.arange(total, dtype=np.int64)
+        if self.family == "qwen3":
+            return self._sample_qwen3(total, video_fps)
+        return self._sample_qwen2(total, video_fps)
+
+    def _sample_qwen3(self, total: int, video_fps: float | None) -> np.ndarray:
+        n = self.num_frames
+        if n is None and self.fps is not None:
+            n = int(total / (video_fps or UNKNOWN_FPS) * self.fps)
+            n = min(max(n, self.min_frames), self.max_frames, total)
+        if n is None:
+            n = min(max(total, self.min_frames), self.max_frames)
+        return np.linspace(0, total - 1, n).round().astype(np.int64)
+
+    def _sample_qwen2(self, total: int, video_fps: float | None) -> np.ndarray:
+        tp = self.temporal_patch_size
+        if self.num_frames is not None:
+            n = round(self.num_frames / tp) * tp
+        elif self.fps is not None:
+            if not video_fps:
+                raise MultimodalInputError("the video does not say its frame rate, which sampling by fps needs "
+                                           "(give num_frames instead)")
+            max_frames = math.floor(min(self.max_frames, total) / tp) * tp
+            n = total / video_fps * self.fps
+            n = min(max(n, self.min_frames), max_frames, total)
+            n = math.floor(n / tp) * tp
+        else:
+            return np.arange(total, dtype=np.int64)
+        if n < 1:
+            raise MultimodalInputError(f"the video has {total} frame(s); at least {tp} are needed")
+        if n > total:
+            raise MultimodalInputError(f"cannot take {n} frames from a video of {total} frames")
+        return torch.arange(0, total, total / n).int().numpy().astype(np.int64)
+
+    # ------------------------------------------------------------------ sizes
+    def pixel_limits(self, num_frames: int) -> tuple[int, int]:
+        """(min, max) pixels smart_resize works with: per frame (qwen2) or per clip (qwen3), a request's
+        per-frame limits applied inside the server's."""
+        scale = num_frames if self.family == "qwen3" else 1
+        hi = self.max_pixels if self.frame_max_pixels is None else min(self.max_pixels, self.frame_max_pixels * scale)
+        lo = self.min_pixels if self.frame_min_pixels is None else self.frame_min_pixels * scale
+        return min(lo, hi), hi
+
+    def resized_size(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
+        if not self.do_resize:
+            return height, width
+        lo, hi = self.pixel_limits(num_frames)
+        if self.family == "qwen3":
+            return qwen3_video_smart_resize(num_frames, height, width, self.temporal_patch_size, self.factor, lo, hi)
+        from sglang.srt.multimodal.processors.qwen_vl import smart_resize
+
+        return smart_resize(height, width, self.factor, lo, hi)
+
+    def grid_thw(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+        rh, rw = self.resized_size(num_frames, height, width)
+        t = -(-num_frames // self.temporal_patch_size)
+        return t, rh // self.patch_size, rw // self.patch_size
+
+    def timestamps(self, indices, video_fps: float | None) -> list[float]:
+        """Qwen3-VL: the time (s) of each temporal patch, the mean of its first and last frame's time."""
+        idx = [int(i) for i in indices]
+        tp = self.temporal_patch_size
+        if len(idx) % tp:
+            idx += [idx[-1]] * (tp - len(idx) % tp)
+        fps = video_fps or UNKNOWN_FPS
+        ts = [i / fps for i in idx]
+        return [(ts[i] + ts[i + tp - 1]) / 2 for i in range(0, len(ts), tp)]
+
+    def second_per_grid_t(self, num_sampled: int, total: int, video_fps: float | None) -> float:
+        """Qwen2.5-VL: seconds one temporal patch spans, `temporal_patch_size / sampled fps`."""
+        fps = video_fps or UNKNOWN_FPS
+        sampled_fps = num_sampled / total * fps if total else fps
+        return self.temporal_patch_size / sampled_fps
+
+    # ------------------------------------------------------------------ pixels
+    def process(self, frames: np.ndarray) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """(T, H, W, 3) uint8 sampled frames -> (pixel_values float32 (t*h*w, 3*T*P*P), (t, h, w))."""
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+            raise MultimodalInputError(f"video frames must be (T, H, W, 3) uint8, got {frames.shape} {frames.dtype}")
+        num, height, width = frames.shape[0], frames.shape[1], frames.shape[2]
+        video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # (T, C, H, W) uint8
+        rh, rw = self.resized_size(num, height, width)
+        if (rh, rw) != (height, width):
+            video = F.interpolate(video.contiguous(), size=(rh, rw), mode="bicubic", antialias=True,
+                                  align_corners=False)
+        x = video.to(torch.float32)
+        if self.do_rescale and self.do_normalize:
+            mean = torch.tensor(self.image_mean) * (1.0 / self.rescale_factor)
+            std = torch.tensor(self.image_std) * (1.0 / self.rescale_factor)
+            x = x.sub_(mean.view(-1, 1, 1)).div_(std.view(-1, 1, 1))
+        elif self.do_normalize:
+            x = x.sub_(torch.tensor(self.image_mean).view(-1, 1, 1)).div_(torch.tensor(self.image_std).view(-1, 1, 1))
+        elif self.do_rescale:
+            x = x * self.rescale_factor
+        return self.patchify(x)
+
+    def patchify(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        tp, p, m = self.temporal_patch_size, self.patch_size, self.merge_size
+        if pad := -x.shape[0] % tp:
+            x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)], dim=0)
+        t_all, c, h, w = x.shape
+        gt, gh, gw = t_all // tp, h // p, w // p
+        if gh % m or gw % m:
+            raise MultimodalInputError(f"resized frames {h}x{w} are not a multiple of {p * m}")
+        patches = x.view(gt, tp, c, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        return patches.reshape(gt * gh * gw, c * tp * p * p).contiguous(), (gt, gh, gw)
+
+
+@dataclass
+class ProcessedVideo:
+    """One video ready for the prompt and the vision tower."""
+
+    pixel_values: torch.Tensor  # (t*h*w, 3*T*P*P) float32
+    grid_thw: tuple[int, int, int]
+    timestamps: list[float]  # seconds of each temporal patch (Qwen3-VL's prompt text)
+    second_per_grid_t: float  # Qwen2.5-VL's M-RoPE time step
+    num_frames: int  # sampled frames (before the pair padding)
+
+
+def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_local_media_path: str | None = None,
+                           limits=None, fetcher=None, fps_override: float | None = None) -> ProcessedVideo:
+    """Decode, sample and preprocess one video source (pure, thread-safe). `fps_override`: the rate a
+    list of frames was taken at (a request's fps), since frames carry none."""
+    from sglang.srt.multimodal.video_io import VideoLimits, is_frame_list, load_video
+
+    video = load_video(source, cfg.sample_indices, allowed_local_media_path=allowed_local_media_path,
+                       limits=limits or VideoLimits(), fetcher=fetcher)
+    fps = video.fps
+    if is_frame_list(source) and fps_override is not None:
+        fps = fps_override
+    pixel_values, grid = cfg.process(video.frames)
+    return ProcessedVideo(pixel_values, grid, cfg.timestamps(video.indices, fps),
+                          cfg.second_per_grid_t(len(video.indices), video.total_frames, fps), len(video.indices))
+
+
+def expand_video(pv: ProcessedVideo, out_ids: list[int], merge: int, video_token_id: int, vision_start_id: int,
+                 vision_end_id: int, timestamp_ids: Callable[[float], list[int]] | None) -> MultimodalDataItem:
+    """Appends one video's placeholder tokens to `out_ids` and returns its item. With `timestamp_ids`
+    (Qwen3-VL): `<t seconds><|vision_start|>pads<|vision_end|>` per temporal patch, in place of the one
+    `<|video_pad|>` (as transformers' Qwen3VLProcessor does); without (Qwen2/2.5-VL): every frame
+    group's pads in one run."""
+    t, gh, gw = pv.grid_thw
+    per_group = gh * gw // merge**2
+    offsets = []
+    if timestamp_ids is not None:
+        for ts in pv.timestamps[:t]:
+            out_ids.extend(timestamp_ids(ts))
+            out_ids.append(vision_start_id)
+            offsets.append((len(out_ids), len(out_ids) + per_group))
+            out_ids.extend([video_token_id] * per_group)
+            out_ids.append(vision_end_id)
+    else:
+        offsets.append((len(out_ids), len(out_ids) + t * per_group))
+        out_ids.extend([video_token_id] * (t * per_group))
+    return MultimodalDataItem(modality=Modality.VIDEO, feature=pv.pixel_values, image_grid_thw=(int(t), int(gh), int(gw)),
+                              offsets=offsets, spatial_merge_size=merge,
+                              model_specific_data={"second_per_grid_t": pv.second_per_grid_t, "num_frames": pv.num_frames})
+
+
+__all__ = ["ProcessedVideo", "expand_video", "QwenVLVideoProcessor", "load_and_process_video", "REQUEST_VIDEO_KEYS", "UNKNOWN_FPS", "family_of", "qwen3_video_smart_resize"]

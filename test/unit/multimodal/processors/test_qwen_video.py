@@ -1,0 +1,157 @@
+"""Our video frame sampling, sizing and patch layout against transformers' own code.
+
+transformers' video processors need torchvision (never installed on CPU machines), so their pieces are
+reached without it: Qwen3-VL's `smart_resize` imports; the processors' methods (`sample_frames`, `patchify`) are
+compiled from the installed source files and called on a stand-in `self` holding the class defaults;
+Qwen2-VL's resize is the image `smart_resize`, imported from the PIL image
+processor. The table covers 1-4 s clips at 5-30 fps and odd sizes; a GPU-only test
+(test_video_processor_gpu.py) compares whole tensors with transformers' processors."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_qwen2_image  # noqa: E402
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as hf_qwen3_smart_resize  # noqa: E402
+from transformers.video_utils import VideoMetadata  # noqa: E402
+
+from sglang.srt.multimodal.processors.base import MultimodalInputError  # noqa: E402
+from sglang.srt.multimodal.processors.qwen_video import QwenVLVideoProcessor  # noqa: E402
+
+# (seconds, fps, width, height)
+TABLE = [(1.0, 5, 67, 45), (1.0, 30, 131, 97), (2.0, 24, 640, 360), (2.5, 12, 33, 181), (3.0, 25, 1279, 719),
+         (4.0, 30, 97, 1001), (4.0, 5, 301, 299), (1.5, 10, 1920, 1080), (3.3, 29.97, 853, 479)]
+
+
+def _hf_method(module: str, cls_name: str, name: str):
+    """A method of a transformers video processor class, compiled from the installed source file: the
+    classes cannot be touched without torchvision (Qwen2-VL's module imports it, Qwen3-VL's class is a
+    placeholder that raises), but their methods only need math / numpy / torch."""
+    import logging
+
+    import transformers.models as models
+
+    path = inspect.getfile(models).replace("__init__.py", f"{module}.py")
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    ns = {"math": math, "np": np, "torch": torch, "VideoMetadata": VideoMetadata, "logger": logging.getLogger("hf")}
+    exec(compile(ast.Module([fn], []), path, "exec"), ns)
+    return ns[name]
+
+
+def _qwen2_sample_frames():
+    return _hf_method("qwen2_vl/video_processing_qwen2_vl", "Qwen2VLVideoProcessor", "sample_frames")
+
+
+def _qwen3(name: str):
+    return _hf_method("qwen3_vl/video_processing_qwen3_vl", "Qwen3VLVideoProcessor", name)
+
+
+def _hf_self(family: str, **over):
+    """The class attributes sample_frames reads (Qwen2-VL sampling at 2 fps, our default for it)."""
+    base = dict(fps=2.0, num_frames=None, min_frames=4, max_frames=768, temporal_patch_size=2)
+    return SimpleNamespace(**{**base, **over})
+
+
+@pytest.mark.parametrize("seconds,fps,w,h", TABLE)
+def test_qwen3_sampling_and_grid_equal_transformers(seconds, fps, w, h):
+    ours = QwenVLVideoProcessor.defaults("qwen3")
+    total = int(round(seconds * fps))
+    ref_idx = _qwen3("sample_frames")(_hf_self("qwen3"), VideoMetadata(total_num_frames=total, fps=fps))
+    idx = ours.sample_indices(total, fps)
+    assert idx.tolist() == list(ref_idx)
+    n = len(idx)
+    rh, rw = hf_qwen3_smart_resize(n, h, w, temporal_factor=2, factor=32, min_pixels=128 * 32 * 32,
+                                   max_pixels=32 * 32 * 768)
+    assert ours.grid_thw(n, h, w) == ((n + 1) // 2, rh // 16, rw // 16)
+
+
+@pytest.mark.parametrize("seconds,fps,w,h", TABLE)
+def test_qwen2_sampling_and_grid_equal_transformers(seconds, fps, w, h):
+    ours = QwenVLVideoProcessor.defaults("qwen2")
+    total = int(round(seconds * fps))
+    ref_idx = _qwen2_sample_frames()(_hf_self("qwen2"), VideoMetadata(total_num_frames=total, fps=fps))
+    idx = ours.sample_indices(total, fps)
+    assert idx.tolist() == ref_idx.tolist()
+    n = len(idx)
+    rh, rw = hf_qwen2_image.smart_resize(h, w, factor=28, min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768)
+    assert ours.grid_thw(n, h, w) == (-(-n // 2), rh // 14, rw // 14)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+@pytest.mark.parametrize("over", [dict(fps=1.0), dict(fps=4.0, max_frames=6), dict(num_frames=6, fps=None)])
+def test_request_overrides_sample_like_transformers(family, over):
+    ours = QwenVLVideoProcessor.defaults(family).for_request({k: v for k, v in over.items() if v is not None}, "kw")
+    meta = VideoMetadata(total_num_frames=75, fps=25.0)
+    if family == "qwen3":
+        ref = _qwen3("sample_frames")(_hf_self(family, **over), meta, num_frames=over.get("num_frames"),
+                                                            fps=over.get("fps"))
+    else:
+        ref = _qwen2_sample_frames()(_hf_self(family, **over), meta)
+    assert ours.sample_indices(75, 25.0).tolist() == list(np.asarray(ref).tolist())
+
+
+def test_qwen3_timestamps_follow_processor_rule():
+    """Qwen3VLProcessor._calculate_timestamps: the mean time of each pair of sampled frames (the last
+    repeated when the count is odd)."""
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+    ours = QwenVLVideoProcessor.defaults("qwen3")
+    for idx, fps in ([0, 7, 14, 22, 29], 12.0), ([0, 17, 34, 51], 30.0):
+        ref = Qwen3VLProcessor._calculate_timestamps(None, list(idx), fps, 2)
+        assert ours.timestamps(np.array(idx), fps) == ref
+
+
+def test_patch_layout_equals_transformers_patchify():
+    """Our pixel layout (pairs of frames, merge-window order) is transformers' patchify, here fed an odd
+    frame count so the last frame is repeated."""
+    ours = QwenVLVideoProcessor.defaults("qwen3")
+    x = torch.randn(3, 3, 64, 96)
+    pv, grid = ours.patchify(x.clone())
+    ref, gt, gh, gw = _qwen3("patchify")(None, x[None], patch_size=16, merge_size=2,
+                                                               temporal_patch_size=2)
+    assert grid == (gt, gh, gw) == (2, 4, 6)
+    assert torch.equal(pv, ref[0])
+
+
+def test_config_files_fall_back_like_transformers():
+    """video_preprocessor_config.json sizes are per clip (qwen3, `size` only) or per frame (qwen2, where
+    the older top-level min/max_pixels win), as transformers reads them."""
+    cfg = {"size": {"shortest_edge": 4096, "longest_edge": 25165824}, "min_pixels": 1, "max_pixels": 2, "fps": 1}
+    q3 = QwenVLVideoProcessor.from_dict("qwen3", cfg)
+    assert (q3.min_pixels, q3.max_pixels, q3.fps, q3.patch_size) == (4096, 25165824, 1.0, 16)
+    q2 = QwenVLVideoProcessor.from_dict("qwen2", {"min_pixels": 3136, "max_pixels": 12845056})
+    assert (q2.min_pixels, q2.max_pixels, q2.patch_size, q2.image_mean[0]) == (3136, 12845056, 14, 0.48145466)
+
+
+@pytest.mark.parametrize("bad,word", [({"fps": 0}, "fps"), ({"fps": "2"}, "fps"), ({"max_frames": 0}, "max_frames"),
+                                      ({"num_frames": 4, "fps": 1}, "not both"), ({"max_frames": 10 ** 6}, "limit"),
+                                      ({"min_frames": 9, "max_frames": 8}, "min_frames")])
+def test_bad_request_settings_name_the_key(bad, word):
+    with pytest.raises(MultimodalInputError, match=word):
+        QwenVLVideoProcessor.defaults("qwen3").for_request(bad, "mm_processor_kwargs")
+
+
+def test_request_max_pixels_limits_each_frame():
+    base = QwenVLVideoProcessor.defaults("qwen3")
+    small = base.for_request({"max_pixels": 64 * 64}, "kw")
+    assert small.grid_thw(8, 720, 1280)[1:] < base.grid_thw(8, 720, 1280)[1:]
+    t, gh, gw = small.grid_thw(8, 720, 1280)
+    assert gh * gw * 16 * 16 <= 64 * 64
+
+
+def test_one_frame_is_refused():
+    with pytest.raises(MultimodalInputError, match="at least 2"):
+        QwenVLVideoProcessor.defaults("qwen3").grid_thw(1, 64, 64)
+    with pytest.raises(MultimodalInputError, match="at least 2"):
+        QwenVLVideoProcessor.defaults("qwen2").sample_indices(1, 30.0)

@@ -1,0 +1,128 @@
+"""Video decoding with PyAV: the sampled frames are the right ones (the sweeping bar sits where the
+clip generator put it), every source form loads, and each kind of bad video is a VideoLoadError naming
+the reason."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av")
+
+from PIL import Image  # noqa: E402
+
+from sglang.srt.multimodal.image_io import ImageLoadError  # noqa: E402
+from sglang.srt.multimodal.processors.qwen_video import QwenVLVideoProcessor  # noqa: E402
+from sglang.srt.multimodal.video_io import VideoLimits, VideoLoadError, decode_video, load_video  # noqa: E402
+from sglang.testing.sample_video import bar_frames, clip_data_url, make_clip  # noqa: E402
+
+ALL = lambda total, fps: np.arange(total)  # noqa: E731
+
+
+def bar_x(frame: np.ndarray) -> int:
+    """Column of the white bar: the brightest column (noise columns average ~127)."""
+    return int(np.argmax(frame.astype(np.int32).sum(axis=(0, 2))))
+
+
+@pytest.mark.parametrize("container,w,h,fps,seconds", [("mp4", 67, 45, 5, 1.0), ("mkv", 131, 97, 30, 2.0),
+                                                       ("webm", 64, 48, 12, 2.5), ("avi", 66, 44, 25, 1.2)])
+def test_sampled_frames_are_the_indexed_ones(container, w, h, fps, seconds):
+    data = make_clip(w, h, fps, seconds, container)
+    cfg = QwenVLVideoProcessor.defaults("qwen3")
+    video = decode_video(data, cfg.sample_indices)
+    total = int(round(fps * seconds))
+    assert video.total_frames == total and video.fps == pytest.approx(fps)
+    assert video.indices.tolist() == cfg.sample_indices(total, fps).tolist()
+    ref = bar_frames(w, h, total)
+    assert video.frames.shape == (len(video.indices), h, w, 3)
+    got, want = [bar_x(f) for f in video.frames], [bar_x(ref[i]) for i in video.indices]
+    assert all(abs(a - b) <= 2 for a, b in zip(got, want)), (got, want)  # lossy codecs blur the bar's edge
+
+
+def test_every_source_form_loads_the_same_frames(tmp_path):
+    data = make_clip(48, 32, 10, 1.0)
+    (tmp_path / "a.mp4").write_bytes(data)
+    ref = decode_video(data, ALL).frames
+    for src in (data, bytearray(data), base64.b64encode(data).decode(), clip_data_url(data),
+                str(tmp_path / "a.mp4"), f"file://{tmp_path / 'a.mp4'}"):
+        got = load_video(src, ALL, allowed_local_media_path=str(tmp_path))
+        assert np.array_equal(got.frames, ref)
+
+
+def test_frames_given_as_images():
+    frames = [Image.fromarray(f) for f in bar_frames(40, 30, 5)]
+    video = load_video(frames, ALL)
+    assert video.frames.shape == (5, 30, 40, 3) and video.fps is None and video.indices.tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(VideoLoadError, match="all frames must have one size"):
+        load_video(frames + [Image.new("RGB", (41, 30))], ALL)
+
+
+def _audio_only() -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska") as out:
+        s = out.add_stream("pcm_s16le", rate=8000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate = 8000
+        for p in s.encode(frame):
+            out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return buf.getvalue()
+
+
+def _image(fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (0, 128, 0)).save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"not a video at all", "not a readable video file"),
+    (lambda: _audio_only(), "no video stream"),
+    (lambda: _image("PNG"), "still image"),
+    (lambda: _image("GIF", save_all=True, append_images=[Image.new("RGB", (32, 32))]), "animated GIF"),
+    (lambda: make_clip(64, 48, 10, 1.0)[:2000], "not a readable video file"),
+])
+def test_bad_videos_name_the_reason(data, reason):
+    data = data() if callable(data) else data
+    with pytest.raises(VideoLoadError, match=reason) as e:
+        decode_video(data, ALL)
+    assert isinstance(e.value, ImageLoadError)  # the API layer's 400
+
+
+def test_truncated_stream_keeps_what_decodes_or_names_the_frame():
+    """A clip cut mid-stream (the header promises more frames than arrive) is sampled from the frames that
+    are there; if nothing decodes the error says so."""
+    data = make_clip(64, 48, 10, 2.0, "mkv")
+    cut = data[: len(data) * 2 // 3]
+    try:
+        video = decode_video(cut, ALL)
+    except VideoLoadError as e:
+        assert "decode" in str(e) or "frame" in str(e)
+    else:
+        assert 0 < video.total_frames < 20 and len(video.frames) == video.total_frames
+
+
+def test_limits_refuse_large_and_long_videos():
+    data = make_clip(64, 48, 10, 2.0)
+    with pytest.raises(VideoLoadError, match="too large"):
+        decode_video(data, ALL, VideoLimits(max_frame_pixels=64 * 47))
+    with pytest.raises(VideoLoadError, match="too long"):
+        decode_video(data, ALL, VideoLimits(max_duration_s=1.5))
+    with pytest.raises(VideoLoadError, match="MiB"):
+        decode_video(data, ALL, VideoLimits(max_sampled_bytes=64 * 48 * 3 * 5))
+
+
+def test_local_files_outside_the_allowed_root_are_refused(tmp_path):
+    (tmp_path / "a.mp4").write_bytes(make_clip(32, 32, 5, 1.0))
+    with pytest.raises(VideoLoadError, match="outside the allowed"):
+        load_video(str(tmp_path / "a.mp4"), ALL, allowed_local_media_path=str(tmp_path / "sub"))
+    with pytest.raises(VideoLoadError, match="not found"):
+        load_video(str(tmp_path / "missing.mp4"), ALL, allowed_local_media_path=str(tmp_path))
+    with pytest.raises(VideoLoadError, match="video/"):
+        load_video("data:image/png;base64,AAAA", ALL)
+    with pytest.raises(VideoLoadError, match="http"):
+        load_video("https://example.com/a.mp4", ALL)
