@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
@@ -59,6 +60,14 @@ from sglang.srt.multimodal.processors.base import (
     MultimodalInputError,
 )
 from sglang.srt.multimodal.processors.image_options import apply_server_overrides, request_image_config
+from sglang.srt.multimodal.processors.qwen_video import (
+    REQUEST_VIDEO_KEYS,
+    ProcessedVideo,
+    QwenVLVideoProcessor,
+    expand_video,
+    family_of,
+    load_and_process_video,
+)
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -346,11 +355,18 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         tokens_per_second: float | None = None,
         allowed_local_media_path: str | None = None,
         max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+        video_processor: QwenVLVideoProcessor | None = None,
+        video_limits: Any = None,
     ):
         super().__init__(
             tokenizer, allowed_local_media_path=allowed_local_media_path, max_image_pixels=max_image_pixels
         )
         self.model_type = _mrope_model_type(model_type)
+        self.video_processor = video_processor or QwenVLVideoProcessor.defaults(family_of(self.model_type))
+        self.video_limits = video_limits  # video_io.VideoLimits; None: its defaults
+        # the tokenizer is shared with the request builder, which replaces this lock by its own
+        self.tokenizer_lock = threading.Lock()
+        self._timestamp_ids: dict[str, list[int]] = {}
         if image_processor is None:
             image_processor = (
                 QwenVLImageProcessor(
@@ -376,6 +392,9 @@ class QwenVLProcessor(BaseMultimodalProcessor):
                 f"merge_size={image_processor.merge_size}"
             )
         self.spatial_merge_size = merge
+        if self.video_processor.merge_size != merge:
+            raise ValueError(f"the video processor's merge_size={self.video_processor.merge_size} differs from the "
+                             f"vision tower's spatial_merge_size={merge}")
         self.tokens_per_second = (
             DEFAULT_TOKENS_PER_SECOND if tokens_per_second is None else tokens_per_second
         )
@@ -410,6 +429,9 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         )
         kwargs.setdefault("spatial_merge_size", vision.get("spatial_merge_size"))
         kwargs.setdefault("tokens_per_second", vision.get("tokens_per_second"))
+        # transformers reads video_preprocessor_config.json, else preprocessor_config.json
+        video_cfg = kwargs.pop("video_preprocessor_config", None) or preprocessor_config
+        kwargs.setdefault("video_processor", QwenVLVideoProcessor.from_dict(family_of(model_type), video_cfg))
         return cls(tokenizer, image_processor, model_type=model_type, **ids, **kwargs)
 
     @classmethod
@@ -421,6 +443,10 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         if os.path.exists(pp_path):
             with open(pp_path, encoding="utf-8") as f:
                 pp = json.load(f)
+        vp_path = os.path.join(model_path, "video_preprocessor_config.json")
+        if os.path.exists(vp_path):
+            with open(vp_path, encoding="utf-8") as f:
+                kwargs.setdefault("video_preprocessor_config", json.load(f))
         return cls.from_config_dicts(hf_config, pp, tokenizer, **kwargs)
 
     # ------------------------------------------------------------------ #
@@ -428,6 +454,24 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         """The image processor config of a request giving `kwargs` (max_pixels, min_pixels) in its field
         `name`; raises MultimodalInputError naming a key it cannot honour."""
         return request_image_config(self.image_processor, kwargs, name)
+
+    def media_config(self, kwargs: Mapping[str, Any] | None, name: str = "mm_processor_kwargs"):
+        """(image config, video config) of a request giving `kwargs` in its field `name`: max_pixels and
+        min_pixels for images and video frames, fps / num_frames / min_frames / max_frames for videos.
+        Raises MultimodalInputError naming a key or value it cannot honour."""
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise MultimodalInputError(f"{name} must be an object, got {type(kwargs).__name__}")
+        kwargs = dict(kwargs or {})
+        video_only = {k: kwargs.pop(k) for k in REQUEST_VIDEO_KEYS if k in kwargs}
+        try:
+            image_cfg = request_image_config(self.image_processor, kwargs, name)
+        except MultimodalInputError as e:
+            if "is not supported" in str(e):
+                keys = ", ".join(("max_pixels", "min_pixels") + REQUEST_VIDEO_KEYS)
+                raise MultimodalInputError(f"{str(e).split(':')[0]}: this server takes {keys}") from None
+            raise
+        video_cfg = self.video_processor.for_request({**kwargs, **video_only}, name)
+        return image_cfg, video_cfg
 
     def load_and_process_image(self, source: ImageInput, cfg: QwenVLImageProcessor | None = None) -> ProcessedImage:
         """Decode + preprocess one image with `cfg` (default: the server's); pure and thread-safe. With
@@ -456,76 +500,63 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         prompt: str | Sequence[int],
         images: Sequence[ImageInput] | None = None,
         *,
+        videos: Sequence[Any] | None = None,
         executor: Executor | None = None,
         image_config: QwenVLImageProcessor | None = None,
+        video_config: QwenVLVideoProcessor | None = None,
+        fetcher: Any = None,
         **kwargs: Any,
     ) -> tuple[list[int], MultimodalInputs]:
-        """Tokenize (if needed), preprocess images (with `image_config`, a request's own config from
-        `image_config()`, else the server's) and expand the image placeholders.
+        """Tokenize (if needed), preprocess images and videos (with a request's own configs from
+        `media_config()`, else the server's) and expand their placeholders, in prompt order.
 
-        Returns ``(input_ids, MultimodalInputs)``; ``mm_items[i].offsets`` is the
-        half-open range of the i-th image's ``<|image_pad|>`` tokens in ``input_ids``.
+        Returns ``(input_ids, MultimodalInputs)``; ``mm_items`` follow the prompt, and each item's
+        ``offsets`` are the half-open ranges of its placeholder tokens in ``input_ids`` (one per frame
+        group for a Qwen3-VL video, whose groups are separated by timestamp text).
         """
-        images = list(images or [])
-        if isinstance(prompt, str):
-            ids = self.tokenize(prompt)
-        else:
-            ids = self.as_id_list(prompt)
-
-        placeholder_positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        if len(placeholder_positions) != len(images):
+        images, videos = list(images or []), list(videos or [])
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else self.as_id_list(prompt)
+        image_pos = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        video_pos = [i for i, t in enumerate(ids) if t == self.video_token_id]
+        if len(image_pos) != len(images):
             raise MultimodalInputError(
-                f"the prompt has {len(placeholder_positions)} image placeholder(s) "
+                f"the prompt has {len(image_pos)} image placeholder(s) "
                 f"(<|vision_start|><|image_pad|><|vision_end|>) but {len(images)} image(s) were given"
             )
-        if any(t == self.video_token_id for t in ids):
-            raise MultimodalInputError("video inputs (<|video_pad|>) are not supported yet")
+        if len(video_pos) != len(videos):
+            raise MultimodalInputError(
+                f"the prompt has {len(video_pos)} video placeholder(s) "
+                f"(<|vision_start|><|video_pad|><|vision_end|>) but {len(videos)} video(s) were given"
+            )
+        jobs = [(Modality.IMAGE, i, src) for i, src in enumerate(images)]
+        jobs += [(Modality.VIDEO, i, src) for i, src in enumerate(videos)]
+        one = lambda job: self._load_one(job, len(images), len(videos), image_config, video_config, fetcher)  # noqa: E731
+        processed = list(executor.map(one, jobs)) if executor is not None and len(jobs) > 1 else [one(j) for j in jobs]
 
-        def _one(idx: int, src: ImageInput) -> ProcessedImage:
-            try:
-                return self.load_and_process_image(src, image_config)
-            except ImageLoadError as e:
-                if len(images) > 1:
-                    raise ImageLoadError(f"image {idx}: {e}") from e
-                raise
-
-        if executor is not None and len(images) > 1:
-            processed = list(executor.map(_one, range(len(images)), images))
-        else:
-            processed = [_one(i, src) for i, src in enumerate(images)]
-
-        merge2 = self.spatial_merge_size**2
         out_ids: list[int] = []
         items: list[MultimodalDataItem] = []
         prev = 0
-        for pos, pim in zip(placeholder_positions, processed):
+        order = sorted([(p, k) for k, p in enumerate(image_pos)] + [(p, len(images) + k) for k, p in enumerate(video_pos)])
+        for pos, k in order:
             out_ids.extend(ids[prev:pos])
-            t, gh, gw = pim.grid_thw
-            n_tok = t * gh * gw // merge2
-            start = len(out_ids)
-            out_ids.extend([self.image_token_id] * n_tok)
-            items.append(
-                MultimodalDataItem(
-                    modality=Modality.IMAGE,
-                    feature=pim.pixel_values if isinstance(pim.pixel_values, EncodedImage)
-                    else torch.from_numpy(pim.pixel_values),
-                    image_grid_thw=(int(t), int(gh), int(gw)),
-                    offsets=[(start, start + n_tok)],
-                    spatial_merge_size=self.spatial_merge_size,
-                )
-            )
+            res = processed[k]
+            items.append(self._expand_video(res, out_ids) if isinstance(res, ProcessedVideo)
+                         else self._expand_image(res, out_ids))
             prev = pos + 1
         out_ids.extend(ids[prev:])
 
+        video_items = [it for it in items if it.modality == Modality.VIDEO]
         positions, delta = compute_mrope_positions(
             out_ids,
-            [it.image_grid_thw for it in items],
+            [it.image_grid_thw for it in items if it.modality == Modality.IMAGE],
             spatial_merge_size=self.spatial_merge_size,
             image_token_id=self.image_token_id,
             video_token_id=self.video_token_id,
             vision_start_token_id=self.vision_start_token_id,
             model_type=self.model_type,
             tokens_per_second=self.tokens_per_second,
+            video_grid_thw=[it.image_grid_thw for it in video_items],
+            second_per_grid_ts=[it.model_specific_data["second_per_grid_t"] for it in video_items] or None,
         )
         mm_inputs = MultimodalInputs(
             mm_items=items,
@@ -537,6 +568,49 @@ class QwenVLProcessor(BaseMultimodalProcessor):
             video_token_id=self.video_token_id,
         )
         return out_ids, mm_inputs
+
+    def _load_one(self, job, n_images: int, n_videos: int, image_config, video_config, fetcher):
+        kind, idx, src = job
+        try:
+            if kind == Modality.IMAGE:
+                return self.load_and_process_image(src, image_config)
+            cfg = video_config or self.video_processor
+            return load_and_process_video(src, cfg, allowed_local_media_path=self.allowed_local_media_path,
+                                          limits=self.video_limits, fetcher=fetcher,
+                                          fps_override=cfg.fps if cfg is not self.video_processor else None)
+        except ValueError as e:  # ImageLoadError, VideoLoadError, MultimodalInputError, SmartResizeError
+            many = n_images > 1 if kind == Modality.IMAGE else n_videos > 1
+            if not many:
+                raise
+            raise type(e)(f"{kind.value} {idx}: {e}") from e
+
+    def _expand_image(self, pim: ProcessedImage, out_ids: list[int]) -> MultimodalDataItem:
+        t, gh, gw = pim.grid_thw
+        n_tok = t * gh * gw // self.spatial_merge_size**2
+        start = len(out_ids)
+        out_ids.extend([self.image_token_id] * n_tok)
+        feature = pim.pixel_values if isinstance(pim.pixel_values, EncodedImage) else torch.from_numpy(pim.pixel_values)
+        return MultimodalDataItem(modality=Modality.IMAGE, feature=feature, image_grid_thw=(int(t), int(gh), int(gw)),
+                                  offsets=[(start, start + n_tok)], spatial_merge_size=self.spatial_merge_size)
+
+    def _expand_video(self, pv: ProcessedVideo, out_ids: list[int]) -> MultimodalDataItem:
+        return expand_video(pv, out_ids, self.spatial_merge_size, self.video_token_id, self.vision_start_token_id,
+                            self.vision_end_token_id,
+                            self.timestamp_ids if self.model_type in QWEN3_VL_MODEL_TYPES else None)
+
+    def timestamp_ids(self, seconds: float) -> list[int]:
+        """Token ids of Qwen3-VL's `<{seconds:.1f} seconds>` (special tokens on both sides: the text
+        tokenizes alone exactly as inside the prompt). Cached: few distinct values ever occur."""
+        text = f"<{seconds:.1f} seconds>"
+        ids = self._timestamp_ids.get(text)
+        if ids is None:
+            if self.tokenizer is None:
+                raise MultimodalInputError("Qwen3-VL videos need a tokenizer for their timestamp text")
+            with self.tokenizer_lock:
+                ids = self.tokenize(text)
+            if len(self._timestamp_ids) < 65536:
+                self._timestamp_ids[text] = ids
+        return list(ids)
 
 
 __all__ = [
