@@ -104,6 +104,26 @@ REFUSED_SCHEDULE_POLICIES = {
     "hrrn": "highest-response-ratio-next is not implemented here",
     "shortest-prefill-first": "upstream's experimental shortest-prefill-first is not implemented here",
 }
+# --load-balance-method: upstream 0.5.23's choices (auto: round_robin, as upstream outside prefill/decode
+# disaggregation) and the names of earlier upstream releases, each -> the method it means here
+LOAD_BALANCE_METHODS = {"auto": "round_robin", "round_robin": "round_robin", "total_requests": "total_requests",
+                        "shortest_queue": "total_requests", "total_tokens": "total_tokens",
+                        "minimum_tokens": "total_tokens"}
+REFUSED_LOAD_BALANCE_METHODS = {
+    "follow_bootstrap_room": "it follows the bootstrap room of prefill/decode disaggregation, which this engine "
+                             "does not serve",
+}
+
+
+def resolve_load_balance_method(name: str) -> str:
+    """round_robin, total_requests or total_tokens; ValueError naming the choices otherwise."""
+    if name in REFUSED_LOAD_BALANCE_METHODS:
+        raise ValueError(f"--load-balance-method {name}: {REFUSED_LOAD_BALANCE_METHODS[name]}")
+    if name not in LOAD_BALANCE_METHODS:
+        raise ValueError(f"--load-balance-method {name}: choose one of {', '.join(LOAD_BALANCE_METHODS)}")
+    return LOAD_BALANCE_METHODS[name]
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}  # Python's logging takes these too
 DEFAULT_MAX_PAYLOAD_SIZE = 64 * 2**20
@@ -235,7 +255,14 @@ class ServerArgs:
         "the batch's patches split over the ranks, all-to-alls around attention instead of TP all-reduces "
         "(the vision heads must divide by --tp-size; no effect at --tp-size 1)"))
     dp_size: int = field(default=1, metadata=_arg(
-        "data-parallel replicas: only 1 (run more servers behind a router)", aliases=("--data-parallel-size",)))
+        "data-parallel replicas: N copies of the scheduler group (each --tp-size ranks, on consecutive devices "
+        "from --base-gpu-id) behind one data-parallel controller; one node only", aliases=("--data-parallel-size",)))
+    load_balance_method: str = field(default="auto", metadata=_arg(
+        "how the data-parallel controller picks a replica: round_robin (auto), total_requests (fewest requests "
+        "held; shortest_queue is the older name) or total_tokens (fewest tokens held; minimum_tokens)",
+        choices=(*LOAD_BALANCE_METHODS, *REFUSED_LOAD_BALANCE_METHODS)))
+    base_gpu_id: int = field(default=0, metadata=_arg(
+        "first GPU this server uses (replica k, rank r: GPU base + k * tp-per-node + r); no effect on CPU"))
     quantization: str | None = field(default=None, metadata=_arg("weight quantization: none is supported"))
     kv_cache_dtype: str = field(default="auto", metadata=_arg("KV cache dtype: auto (the model dtype) only"))
     revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
@@ -266,9 +293,7 @@ class ServerArgs:
             problem = _cuda_ipc_problem(self)
             if problem:
                 problems.append(f"--mm-feature-transport cuda_ipc: {problem}; use cpu (shared memory on one host)")
-        if self.dp_size != 1:
-            problems.append(f"--dp-size {self.dp_size}: data parallelism is not supported; run {self.dp_size} "
-                            "servers behind a router (use --tp-size to spread one model over GPUs)")
+        problems += self._data_parallel_problems()
         if self.quantization not in (None, "", "none"):
             problems.append(f"--quantization {self.quantization}: quantized weights are not supported")
         if self.kv_cache_dtype not in ("auto", self.dtype):
@@ -313,6 +338,24 @@ class ServerArgs:
             problems.append("--dist-init-addr host:port is required with --nnodes > 1")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _data_parallel_problems(self) -> list[str]:
+        problems = []
+        if self.dp_size < 1:
+            problems.append("--dp-size must be >= 1")
+        elif self.dp_size > 1 and self.nnodes > 1:
+            problems.append(f"--dp-size {self.dp_size} with --nnodes {self.nnodes}: data-parallel replicas run on "
+                            "one node; run one server per node behind sglang-router (docs/deploy.md)")
+        elif self.dp_size > 1 and self.dist_init_addr:
+            problems.append("--dist-init-addr is for --nnodes > 1; at --dp-size > 1 every replica picks its own "
+                            "loopback rendezvous")
+        try:
+            resolve_load_balance_method(self.load_balance_method)
+        except ValueError as e:
+            problems.append(str(e))
+        if self.base_gpu_id < 0:
+            problems.append("--base-gpu-id must be >= 0")
+        return problems
 
     def _scheduling_problems(self) -> list[str]:
         problems = []
@@ -489,6 +532,18 @@ class PortArgs:
     scheduler_input_ipc_name: str  # tokenizer manager -> scheduler rank 0
     detokenizer_ipc_name: str  # scheduler rank 0 -> detokenizer
     nccl_port: int  # torch.distributed init port when --dist-init-addr is not given
+    # --dp-size > 1: the controller binds scheduler_input_ipc_name and dp_load_ipc_name; replica k's rank 0
+    # binds replica_input_ipc_names[k], and its TP group meets at replica_nccl_ports[k]
+    dp_load_ipc_name: str = ""
+    replica_input_ipc_names: tuple[str, ...] = ()
+    replica_nccl_ports: tuple[int, ...] = ()
+
+    def for_replica(self, dp_rank: int) -> "PortArgs":
+        """What replica `dp_rank`'s schedulers see: their own input socket and rendezvous port."""
+        import dataclasses
+
+        return dataclasses.replace(self, scheduler_input_ipc_name=self.replica_input_ipc_names[dp_rank],
+                                   nccl_port=self.replica_nccl_ports[dp_rank])
 
     @classmethod
     def create(cls, server_args: ServerArgs) -> "PortArgs":
@@ -502,12 +557,16 @@ class PortArgs:
             os.rmdir(d)
             d = tempfile.mkdtemp(prefix="sglang-ipc-", dir="/tmp")
         port = pick_unused_port()
+        dp = server_args.dp_size
         return cls(
             ipc_dir=d,
             tokenizer_ipc_name=f"ipc://{d}/tokenizer",
             scheduler_input_ipc_name=f"ipc://{d}/scheduler",
             detokenizer_ipc_name=f"ipc://{d}/detokenizer",
             nccl_port=port,
+            dp_load_ipc_name=f"ipc://{d}/dp-load" if dp > 1 else "",
+            replica_input_ipc_names=tuple(f"ipc://{d}/scheduler-dp{k}" for k in range(dp)) if dp > 1 else (),
+            replica_nccl_ports=tuple(pick_unused_port() for _ in range(dp)) if dp > 1 else (),
         )
 
 

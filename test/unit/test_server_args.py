@@ -101,10 +101,13 @@ def test_dtype_aliases_and_image_limit_forms():
 
 
 @pytest.mark.parametrize("argv, phrase", [
-    (["--dp-size", "2"], "--dp-size 2: data parallelism is not supported"),
+    (["--dp-size", "2", "--nnodes", "2", "--tp-size", "2", "--dist-init-addr", "127.0.0.1:5000"],
+     "--dp-size 2 with --nnodes 2: data-parallel replicas run on one node"),
+    (["--dp-size", "2", "--dist-init-addr", "127.0.0.1:5000"], "--dist-init-addr is for --nnodes > 1"),
+    (["--dp-size", "0"], "--dp-size must be >= 1"),
+    (["--load-balance-method", "follow_bootstrap_room"], "--load-balance-method follow_bootstrap_room: it follows"),
     (["--quantization", "fp8"], "--quantization fp8"),
     (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2"),
-    (["--data-parallel-size", "2"], "--dp-size 2: data parallelism is not supported"),
     (["--mm-attention-backend", "fa3"], "--mm-attention-backend fa3: choose sdpa or triton_attn"),
     (["--cuda-graph-bs", "1", "x"], "--cuda-graph-bs-decode takes integers"),
     (["--log-level", "verbose"], "--log-level verbose: choose one of debug, info, warning, error, critical"),
@@ -249,3 +252,31 @@ def test_ipc_sockets_fit_the_unix_path_limit_under_a_deep_tmpdir(tmp_path, monke
         assert here.ipc_dir.startswith(str(tmp_path))
     finally:
         shutil.rmtree(here.ipc_dir)
+
+
+@pytest.mark.parametrize("name, method", [("auto", "round_robin"), ("round_robin", "round_robin"),
+                                          ("total_requests", "total_requests"), ("shortest_queue", "total_requests"),
+                                          ("total_tokens", "total_tokens"), ("minimum_tokens", "total_tokens")])
+def test_load_balance_methods_upstreams_and_earlier_names(name, method):
+    from sglang.srt.server_args import resolve_load_balance_method
+
+    args = ServerArgs.from_argv(["--data-parallel-size", "2", "--load-balance-method", name])
+    assert args.dp_size == 2 and resolve_load_balance_method(args.load_balance_method) == method
+
+
+def test_replica_port_args_are_private_to_each_replica():
+    from sglang.srt.server_args import PortArgs
+
+    one = PortArgs.create(ServerArgs())
+    assert (one.dp_load_ipc_name, one.replica_input_ipc_names) == ("", ())  # dp size 1: as before
+    two = PortArgs.create(ServerArgs(dp_size=2))
+    try:
+        replicas = [two.for_replica(k) for k in range(2)]
+        inputs = {two.scheduler_input_ipc_name, *(r.scheduler_input_ipc_name for r in replicas)}
+        assert len(inputs) == 3  # the controller's socket and one per replica
+        assert len({r.nccl_port for r in replicas}) == 2  # each TP group meets at its own rendezvous
+        assert all(r.detokenizer_ipc_name == two.detokenizer_ipc_name for r in replicas)  # one shared detokenizer
+    finally:
+        import shutil
+
+        shutil.rmtree(one.ipc_dir), shutil.rmtree(two.ipc_dir)

@@ -63,6 +63,19 @@ def _scheduler_target(server_args: ServerArgs, port_args: PortArgs, tp_rank: int
     run_scheduler_process(server_args, port_args, tp_rank, ready_writer)
 
 
+def _replica_scheduler_target(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, dp_rank: int,
+                              ready_writer) -> None:
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    run_scheduler_process(server_args, port_args, tp_rank, ready_writer, dp_rank)
+
+
+def _dp_controller_target(server_args: ServerArgs, port_args: PortArgs, ready_writer) -> None:
+    from sglang.srt.managers.data_parallel_controller import run_data_parallel_controller_process
+
+    run_data_parallel_controller_process(server_args, port_args, ready_writer)
+
+
 def _detokenizer_target(server_args: ServerArgs, port_args: PortArgs, ready_writer) -> None:
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 
@@ -70,7 +83,8 @@ def _detokenizer_target(server_args: ServerArgs, port_args: PortArgs, ready_writ
 
 
 def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = None):
-    """Spawns one scheduler per TP rank and the detokenizer, waits until all are ready, and returns
+    """Spawns one scheduler per TP rank (per data-parallel replica, with the data-parallel controller at
+    --dp-size > 1) and the detokenizer, waits until all are ready, and returns
     `(tokenizer_manager, processes, port_args)`. The tokenizer manager is not started yet: call
     `await tokenizer_manager.start(processes, on_child_death)` on the event loop that will serve it."""
     from sglang.srt.managers.io_struct import SchedulerReady
@@ -106,14 +120,23 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
         readers[reader] = p
 
     try:
-        for rank in server_args.local_tp_ranks():
-            spawn(f"sglang-sched{rank}", _scheduler_target, (server_args, port_args, rank))
+        if server_args.dp_size == 1:
+            for rank in server_args.local_tp_ranks():
+                spawn(f"sglang-sched{rank}", _scheduler_target, (server_args, port_args, rank))
+        else:  # every replica's schedulers and the controller are children of this process: one watchdog
+            for dp_rank in range(server_args.dp_size):
+                for rank in server_args.local_tp_ranks():
+                    spawn(f"sglang-dp{dp_rank}-tp{rank}", _replica_scheduler_target,
+                          (server_args, port_args.for_replica(dp_rank), rank, dp_rank))
+            spawn("sglang-dpctl", _dp_controller_target, (server_args, port_args))
         if server_args.node_rank != 0:  # worker node: its scheduler ranks only; node 0 serves requests
             ready = _wait_ready(readers, start_timeout)
             return None, procs, port_args
         spawn("sglang-detok", _detokenizer_target, (server_args, port_args))
         ready = _wait_ready(readers, start_timeout)
-        scheduler_info = next((m for m in ready if isinstance(m, SchedulerReady)), None)
+        # every replica reports; the tokenizer checks prompts against the smallest KV cache among them
+        scheduler_info = min((m for m in ready if isinstance(m, SchedulerReady)),
+                             key=lambda m: m.max_total_num_tokens, default=None)
         if scheduler_info is None:
             raise RuntimeError("no scheduler reported ready")
         tokenizer_manager = TokenizerManager(server_args, port_args, scheduler_info)
@@ -121,8 +144,10 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
         shutdown_subprocesses(procs, port_args)
         raise
     logger.info(
-        "engine ready: %d scheduler(s), KV cache %d tokens, context length %d",
-        server_args.tp_size, scheduler_info.max_total_num_tokens, scheduler_info.context_length,
+        "engine ready: %d scheduler(s)%s, KV cache %d tokens, context length %d",
+        server_args.tp_size * server_args.dp_size,
+        f" in {server_args.dp_size} data-parallel replicas" if server_args.dp_size > 1 else "",
+        scheduler_info.max_total_num_tokens, scheduler_info.context_length,
     )
     return tokenizer_manager, procs, port_args
 

@@ -196,6 +196,19 @@ class GetLoadReqOutput:
 
 
 @dataclass
+class ReplicaLoadReport:
+    """Scheduler rank 0 of a data-parallel replica -> the data-parallel controller, whenever its load changed:
+    its live counts, and how many requests (and prompt tokens) it has received so far, so the controller can
+    add what it sent that the replica has not seen yet."""
+
+    dp_rank: int
+    num_reqs: int
+    num_tokens: int
+    num_received_reqs: int
+    num_received_tokens: int
+
+
+@dataclass
 class ProfileReqOutput:
     success: bool
     message: str = ""

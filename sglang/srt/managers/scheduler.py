@@ -64,7 +64,9 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         self.tree = RadixCache(runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache)
         self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree)
         self.eos_ids = set(self.model_config.eos_token_ids)
-        self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args), tp.rank)
+        self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args), tp.rank,
+                                         dp_rank if server_args.dp_size > 1 else None)
+        self.report_dp_rank = server_args.dp_size > 1  # outputs name their replica (meta_info["dp_rank"])
         self._tokenizer = None
         self._tokenizer_path = server_args.tokenizer_path or model_path
 
@@ -84,13 +86,16 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
             self.grammar_queue = GrammarQueue(server_args, self._tokenizer_path, self.worker.vocab_size,
                                               self.eos_ids, tp)
 
-        self.recv_socket = self.send_socket = None
+        self.recv_socket = self.send_socket = self.load_socket = None
         if port_args is not None and tp.rank == 0:
             ctx = zmq.Context(1)
             self.recv_socket = ctx.socket(zmq.PULL)
             self.recv_socket.bind(port_args.scheduler_input_ipc_name)
             self.send_socket = ctx.socket(zmq.PUSH)
             self.send_socket.connect(port_args.detokenizer_ipc_name)
+            if port_args.dp_load_ipc_name:  # --dp-size > 1: live counts for the data-parallel controller
+                self.load_socket = ctx.socket(zmq.PUSH)
+                self.load_socket.connect(port_args.dp_load_ipc_name)
 
     # ------------------------------------------------------------------ scheduling
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
@@ -251,6 +256,8 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
                     raise
                 logger.exception("a %s batch of %d request(s) failed", batch.mode.name, len(batch.reqs))
                 self._fail_batch(batch, e)
+        # before the outputs leave: a client that saw its request finish is routed by a load that knows it
+        self.report_load()
         self.flush_outputs()
         return batch is not None
 
@@ -293,12 +300,15 @@ def _min_across_ranks(value: int, tp: TPInfo) -> int:
     return int(t.item())
 
 
-def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer) -> None:
-    """Scheduler process body (the engine's child wrapper sets up logging, SIGINT and parent watch)."""
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer,
+                          dp_rank: int = 0) -> None:
+    """Scheduler process body (the engine's child wrapper sets up logging, SIGINT and parent watch).
+    `port_args` are the replica's own at --dp-size > 1 (PortArgs.for_replica)."""
     torch.manual_seed(server_args.random_seed)
     try:
         ranks_per_node = server_args.tp_size // server_args.nnodes
-        gpu_id = tp_rank % ranks_per_node
+        # replicas take consecutive blocks of devices from --base-gpu-id
+        gpu_id = server_args.base_gpu_id + dp_rank * ranks_per_node + tp_rank % ranks_per_node
         device = server_args.resolved_device()
         if device == "cuda":
             torch.cuda.set_device(gpu_id)
@@ -309,7 +319,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank:
             "nccl" if device == "cuda" else "gloo",
             server_args.watchdog_timeout,
         )
-        scheduler = Scheduler(server_args, port_args, tp, gpu_id)
+        scheduler = Scheduler(server_args, port_args, tp, gpu_id, dp_rank)
         ready_writer.send(SchedulerReady(scheduler.max_total_num_tokens, scheduler.context_length - 1,
                                          scheduler.context_length))
     except Exception as e:

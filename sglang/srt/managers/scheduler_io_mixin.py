@@ -4,6 +4,7 @@ control requests (flush cache, server info, profiling)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -20,6 +21,7 @@ from sglang.srt.managers.io_struct import (
     GetServerInfoReq,
     GetServerInfoReqOutput,
     ProfileReq,
+    ReplicaLoadReport,
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.mm_utils import pad_input_ids
@@ -37,6 +39,10 @@ class SchedulerIOMixin:
     _profiler: SchedulerProfiler | None = None  # made by the first ProfileReq
     grammar_queue = None  # constrained requests compiling their grammar (the Scheduler sets it)
     dp_rank = 0  # the data-parallel replica (the Scheduler sets it)
+    load_socket = None  # --dp-size > 1, rank 0: ReplicaLoadReports to the data-parallel controller
+    num_received_reqs = 0  # generation requests (and their prompt tokens) received since start
+    num_received_tokens = 0
+    _last_load_report: tuple | None = None
 
     # ------------------------------------------------------------------ input
     @property
@@ -119,6 +125,8 @@ class SchedulerIOMixin:
             self._fail(req, e)
 
     def _handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
+        self.num_received_reqs += 1
+        self.num_received_tokens += len(recv.input_ids or ())
         req = Req(recv.rid, recv.input_ids, recv.sampling_params, recv.mm_inputs, recv.stream,
                   recv.created_time, recv.stage_timings_ms)
         req.tp_broadcast_ms = recv.tp_broadcast_ms
@@ -196,6 +204,8 @@ class SchedulerIOMixin:
         traces are written when a stop is answered)."""
         if self._profiler is None:
             self._profiler = SchedulerProfiler(self.tp.rank)
+        if self.load_socket is not None and req.profile_id:  # --dp-size > 1: every replica names its traces
+            req = dataclasses.replace(req, profile_id=f"{req.profile_id}-DP-{self.dp_rank}")
         out = self._profiler.handle(req)
         if self.tp.size > 1:
             import torch.distributed as dist
@@ -212,6 +222,16 @@ class SchedulerIOMixin:
         tokens = sum(r.kv_len for r in held) + sum(r.prompt_len - r.kv_len for r in waiting)
         return GetLoadReqOutput(dp_rank=self.dp_rank, num_reqs=len(held) + len(waiting),
                                 num_waiting_reqs=len(waiting), num_tokens=tokens)
+
+    def report_load(self) -> None:
+        """Tells the data-parallel controller this replica's load, when it changed since the last report."""
+        if self.load_socket is None:
+            return
+        load = self.get_load()
+        report = (load.num_reqs, load.num_tokens, self.num_received_reqs, self.num_received_tokens)
+        if report != self._last_load_report:
+            self._last_load_report = report
+            self.load_socket.send_pyobj(ReplicaLoadReport(self.dp_rank, *report))
 
     def get_info(self) -> dict:
         return {

@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulerOutputProcessorMixin:
+    report_dp_rank = False  # --dp-size > 1: meta_info names the replica (the Scheduler sets it)
+
     # ------------------------------------------------------------------ results
     def run_batch(self, batch: ScheduleBatch) -> None:
         timer = self.stage_timer
@@ -177,6 +179,8 @@ class SchedulerOutputProcessorMixin:
             meta["vit_encoded_images"] = self.worker.mm_encoded_images(req.rid)
         if req.stage_timings_ms:
             meta["stage_timings_ms"] = rounded(req.stage_timings_ms)
+        if self.report_dp_rank:
+            meta["dp_rank"] = self.dp_rank
         return meta
 
     def send(self, obj) -> None:

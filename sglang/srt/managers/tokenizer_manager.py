@@ -39,6 +39,12 @@ from sglang.srt.managers.io_struct import (
     SchedulerReady,
     TokenizedGenerateReqInput,
 )
+from sglang.srt.managers.data_parallel_controller import (
+    merge_flush_replies,
+    merge_profile_replies,
+    merge_server_infos,
+    request_header,
+)
 from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.request_builder import RequestBuilder, check_input_ids
 from sglang.srt.metrics.prometheus import ServingMetrics
@@ -291,7 +297,11 @@ class TokenizerManager:
             unsent = self.builder.take_unsent_shm(rid)
             try:
                 self._raise_if_unhealthy()
-                await self._send_sock.send(payload, copy=False)
+                if self.dp_size > 1:  # the data-parallel controller routes by a small header
+                    header = request_header(rid, len(tokenized.input_ids))
+                    await self._send_sock.send_multipart([header, payload], copy=False)
+                else:
+                    await self._send_sock.send(payload, copy=False)
             except BaseException:
                 release_unsent(unsent)  # never reached a scheduler: nobody else will release it
                 self._raise_if_unhealthy()  # the socket went away with a shutdown: 503, not a 500
@@ -482,11 +492,13 @@ class TokenizerManager:
 
     # ------------------------------------------------------------------ control
     async def flush_cache(self, timeout: float = CONTROL_TIMEOUT_S) -> FlushCacheReqOutput:
-        return await self._control(FlushCacheReq(), timeout)
+        """Every replica flushes; success only when all of them did."""
+        return merge_flush_replies(await self._control_all(FlushCacheReq(), timeout))
 
     async def get_server_info(self, timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        out = await self._control(GetServerInfoReq(), timeout)
-        info = dict(out.info)
+        """The scheduler's figures (at --dp-size > 1: summed, each replica's under "replicas")."""
+        outs = await self._control_all(GetServerInfoReq(), timeout)
+        info = merge_server_infos([dict(o.info) for o in outs])
         info["shm_fallback_count"] = self.builder.shm_fallback_count
         info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
         cache = self.grammar.cache if self.grammar is not None else None
@@ -497,7 +509,7 @@ class TokenizerManager:
 
     async def profile(self, req: ProfileReq, timeout: float = CONTROL_TIMEOUT_S) -> ProfileReqOutput:
         """Starts or stops the schedulers' torch profilers (a stop waits for the traces to be written)."""
-        return await self._control(req, timeout)
+        return merge_profile_replies(await self._control_all(req, timeout))
 
     async def get_load(self, timeout: float = CONTROL_TIMEOUT_S) -> list[dict[str, Any]]:
         """Every replica's load (upstream's /get_load list), by dp_rank."""

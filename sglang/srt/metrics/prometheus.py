@@ -107,6 +107,11 @@ class ServingMetrics:
         self.queued = Gauge("sglang:num_queue_reqs", "Requests waiting for admission.", lab)
         self.cache_hit_rate = Gauge("sglang:cache_hit_rate", "Cached prompt tokens / prompt tokens, since start.", lab)
         self.kv_usage = Gauge("sglang:token_usage", "Fraction of KV slots in use (cached prefixes excluded).", lab)
+        # --dp-size > 1: the gauges above are sums over replicas; these are each replica's (label dp_rank)
+        rep = ("model_name", "dp_rank")
+        self.replica_running = Gauge("sglang:dp_num_running_reqs", "Requests prefilling or decoding, per replica.", rep)
+        self.replica_queued = Gauge("sglang:dp_num_queue_reqs", "Requests waiting for admission, per replica.", rep)
+        self.replica_kv_usage = Gauge("sglang:dp_token_usage", "Fraction of KV slots in use, per replica.", rep)
 
     def observe_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds, self.model_name)
@@ -136,10 +141,20 @@ class ServingMetrics:
         prompt = self.prompt_tokens._values.get((m,), 0.0)
         cached = self.cached_tokens._values.get((m,), 0.0)
         self.cache_hit_rate.set(cached / prompt if prompt else 0.0, m)
+        for rep in info.get("replicas", ()):
+            k = str(rep.get("dp_rank", 0))
+            self.replica_running.set(rep.get("num_running_reqs", 0), m, k)
+            self.replica_queued.set(rep.get("num_waiting_reqs", 0), m, k)
+            total = rep.get("max_total_num_tokens") or 0
+            if total:
+                self.replica_kv_usage.set(1.0 - rep.get("available_kv_tokens", total) / total, m, k)
 
     def render(self) -> str:
         lines: list[str] = []
         for metric in (self.ttft, self.itl, self.e2e, self.stage, self.prompt_tokens, self.generation_tokens,
                        self.cached_tokens, self.requests, self.running, self.queued, self.cache_hit_rate, self.kv_usage):
             lines += metric.render()
+        for metric in (self.replica_running, self.replica_queued, self.replica_kv_usage):
+            if metric._values:  # only with data-parallel replicas
+                lines += metric.render()
         return "\n".join(lines) + "\n"

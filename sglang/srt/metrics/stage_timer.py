@@ -39,9 +39,11 @@ def stage_timer_enabled(server_args) -> bool:
 
 
 class VlmStageTimer:
-    def __init__(self, enabled: bool, tp_rank: int | None = None):
+    def __init__(self, enabled: bool, tp_rank: int | None = None, dp_rank: int | None = None):
         self.enabled = enabled
         self.prefix = f"[TP{tp_rank}] " if tp_rank is not None else ""
+        if dp_rank is not None:  # --dp-size > 1: which replica's scheduler measured it
+            self.prefix = f"[DP{dp_rank} TP{tp_rank}] "
 
     def add(self, timings: dict[str, float], stage: str, ms: float) -> None:
         """Accumulates `ms` into `timings[stage]` (stages such as decode add up over steps)."""

@@ -66,3 +66,15 @@ def test_env_switch_turns_it_on(setup, monkeypatch):
     rid = s.submit(ids, mm, max_new_tokens=2)
     s.run_until_idle()
     assert "vit_encode" in s.meta[rid]["stage_timings_ms"]
+
+
+def test_replica_schedulers_name_their_replica_in_each_line(caplog):
+    """--dp-size > 1: two replicas' rank-0 lines are told apart by the DP prefix; dp size 1 keeps [TP0]."""
+    from sglang.srt.metrics.stage_timer import VlmStageTimer
+
+    with caplog.at_level(logging.INFO, logger="sglang.vlm_stage_timer"):
+        VlmStageTimer(True, 0, 1).emit("r1", {"decode": 1.5})
+        VlmStageTimer(True, 0).emit("r2", {"decode": 2.0})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["[DP1 TP0] [VLM_STAGE_TIMER] decode | req=r1 | wall=1.500 ms",
+                     "[TP0] [VLM_STAGE_TIMER] decode | req=r2 | wall=2.000 ms"]

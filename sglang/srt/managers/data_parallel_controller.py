@@ -1,0 +1,171 @@
+"""Data parallelism (`--dp-size N`): one process between the tokenizer manager and N replicas of the
+scheduler group (each `--tp-size` ranks with its own model copy and KV cache).
+
+The tokenizer manager pushes to the controller's socket exactly as it pushes to scheduler rank 0 at dp
+size 1. A generation request arrives as two frames, a small header (rid, prompt tokens) and the request's
+pickled bytes; the controller picks a replica from the header alone and forwards the bytes untouched
+(shared-memory pointers and all: they are opened by that replica only). Every other message (abort,
+flush_cache, server info, load, profiling) is one frame and goes to every replica; the tokenizer manager
+waits for a reply from each. Replies and outputs travel from each replica's rank 0 to the one shared
+detokenizer, as at dp size 1.
+
+`--load-balance-method` (upstream's names): `round_robin`; `total_requests` (fewest requests held, the
+older name `shortest_queue`); `total_tokens` (fewest tokens held, the older name `minimum_tokens`).
+Live counts come from the replicas (`ReplicaLoadReport`, sent by rank 0 whenever its load changed) plus
+what the controller sent that a replica has not received yet, so a burst is spread before any report.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from typing import Any
+
+from sglang.srt.managers.io_struct import FlushCacheReqOutput, ProfileReqOutput, ReplicaLoadReport
+from sglang.srt.server_args import resolve_load_balance_method
+
+logger = logging.getLogger(__name__)
+
+
+class LoadBalancer:
+    """Picks a replica per request. No I/O: the controller feeds it reports and asks it for picks."""
+
+    def __init__(self, method: str, dp_size: int):
+        self.method = resolve_load_balance_method(method)
+        self.dp_size = dp_size
+        self.sent_reqs = [0] * dp_size
+        self.sent_tokens = [0] * dp_size
+        self.reports: list[ReplicaLoadReport | None] = [None] * dp_size
+        self._next = 0  # round robin, and the tie-break of the load-based methods
+
+    def on_report(self, report: ReplicaLoadReport) -> None:
+        self.reports[report.dp_rank] = report
+
+    def held(self, k: int) -> tuple[int, int]:
+        """(requests, tokens) replica k holds or is about to receive."""
+        r = self.reports[k]
+        if r is None:
+            return self.sent_reqs[k], self.sent_tokens[k]
+        return (r.num_reqs + self.sent_reqs[k] - r.num_received_reqs,
+                r.num_tokens + self.sent_tokens[k] - r.num_received_tokens)
+
+    def pick(self, num_tokens: int) -> int:
+        n = self.dp_size
+        if self.method == "round_robin":
+            k = self._next
+        else:
+            key = 0 if self.method == "total_requests" else 1
+            # equal loads: the next replica in round-robin order, so an idle server spreads a burst
+            k = min(range(n), key=lambda i: (self.held(i)[key], (i - self._next) % n))
+        self._next = (k + 1) % n
+        self.sent_reqs[k] += 1
+        self.sent_tokens[k] += num_tokens
+        return k
+
+
+# ----------------------------------------------------------------------------- replies of every replica
+# Server-info figures that add up over replicas; the rest (context length, chunk size, ...) is replica 0's.
+SUMMED_INFO_KEYS = ("max_total_num_tokens", "max_running_requests", "available_kv_tokens", "free_kv_tokens",
+                    "radix_cache_tokens", "num_running_reqs", "num_waiting_reqs", "free_req_slots",
+                    "num_retractions", "num_request_errors")
+
+
+def merge_server_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """One replica: its info. Several: the sums of SUMMED_INFO_KEYS over replica 0's other fields, and every
+    replica's own info under "replicas" (by dp_rank)."""
+    if len(infos) == 1:
+        return infos[0]
+    infos = sorted(infos, key=lambda i: i.get("dp_rank", 0))
+    merged = {k: v for k, v in infos[0].items() if k != "dp_rank"}
+    for key in SUMMED_INFO_KEYS:
+        if all(isinstance(i.get(key), (int, float)) for i in infos):
+            merged[key] = sum(i[key] for i in infos)
+    merged["replicas"] = infos
+    return merged
+
+
+def merge_flush_replies(outs: list[FlushCacheReqOutput]) -> FlushCacheReqOutput:
+    failed = [o.message for o in outs if not o.success]
+    if len(outs) == 1 or not failed:
+        return outs[0] if len(outs) == 1 else FlushCacheReqOutput(True)
+    return FlushCacheReqOutput(False, f"{len(failed)} of {len(outs)} replicas: {failed[0]}")
+
+
+def merge_profile_replies(outs: list[ProfileReqOutput]) -> ProfileReqOutput:
+    if len(outs) == 1:
+        return outs[0]
+    failed = [o.message for o in outs if not o.success]
+    files = [f for o in outs for f in o.files]
+    return ProfileReqOutput(not failed, failed[0] if failed else "", files)
+
+
+def request_header(rid: str, num_tokens: int) -> bytes:
+    """The first frame of a generation request at dp size > 1: what the controller routes by."""
+    return pickle.dumps((rid, num_tokens), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+# ----------------------------------------------------------------------------- the process
+class DataParallelController:
+    def __init__(self, server_args, port_args):
+        import zmq
+
+        self.balancer = LoadBalancer(server_args.load_balance_method, server_args.dp_size)
+        self.ctx = zmq.Context(1)
+        self.recv_requests = self.ctx.socket(zmq.PULL)
+        self.recv_requests.bind(port_args.scheduler_input_ipc_name)
+        self.recv_loads = self.ctx.socket(zmq.PULL)
+        self.recv_loads.bind(port_args.dp_load_ipc_name)
+        self.replicas = []
+        for k in range(server_args.dp_size):
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.connect(port_args.for_replica(k).scheduler_input_ipc_name)
+            self.replicas.append(sock)
+
+    def event_loop(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self.recv_loads, zmq.POLLIN)
+        poller.register(self.recv_requests, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll())
+            self._drain_loads()  # the freshest counts before routing what arrived with them
+            if self.recv_requests in ready:
+                self._forward(self.recv_requests.recv_multipart(copy=False))
+
+    def _drain_loads(self) -> None:
+        import zmq
+
+        while True:
+            try:
+                self.balancer.on_report(self.recv_loads.recv_pyobj(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+
+    def _forward(self, frames: list) -> None:
+        if len(frames) == 2:  # header + a generation request: one replica
+            rid, num_tokens = pickle.loads(frames[0].bytes)
+            self.replicas[self.balancer.pick(num_tokens)].send(frames[1], copy=False)
+            return
+        data = frames[0].bytes
+        for sock in self.replicas:  # control (abort, flush, info, load, profile): every replica
+            sock.send(data)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+def run_data_parallel_controller_process(server_args, port_args, ready_writer) -> None:
+    """Process entry: ("ready", None) once the sockets are bound, ("error", message) if that fails."""
+    try:
+        controller = DataParallelController(server_args, port_args)
+    except Exception as e:
+        logger.exception("data-parallel controller failed to start")
+        ready_writer.send(("error", f"data-parallel controller failed to start: {type(e).__name__}: {e}"))
+        raise
+    ready_writer.send(("ready", None))
+    ready_writer.close()
+    try:
+        controller.event_loop()
+    finally:
+        controller.close()
