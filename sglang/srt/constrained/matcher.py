@@ -75,7 +75,7 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | 
         _batch_filler().batch_fill_next_token_bitmask([grammars[i].matcher for i in rows], bitmask, rows)
     width = logits.shape[-1]
     if logits.device.type == "cpu":
-        xg.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(width, vocab_size), indices=rows)
+        apply_bitmask_sparse_cpu(logits, bitmask, rows, min(width, vocab_size))
     else:
         apply_bitmask_torch(logits, bitmask[rows], rows, min(width, vocab_size))
     if width > vocab_size:  # padded logits: the padding is never a token
@@ -103,6 +103,54 @@ def apply_bitmask_torch(logits: torch.Tensor, bits: torch.Tensor, rows: list[int
     allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :width].bool()
     idx = torch.tensor(rows, device=logits.device)
     logits[idx, :width] = logits[idx, :width].masked_fill(~allowed, float("-inf"))
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+_ALL_ALLOWED = -1  # an int32 word with every bit set
+
+
+def apply_bitmask_sparse_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], width: int) -> None:
+    """The bitmask applied to CPU logits touching only what changes: equal to xgrammar's CPU op (-inf on
+    every token < `width` whose bit is clear), without unpacking whole rows.
+
+    A row's words are all-allowed (-1), all-banned (0) or mixed; only mixed words are unpacked. A
+    permissive row (most words allowed: inside a JSON string) gets -inf written to its few banned tokens;
+    a restrictive row (most words banned: between JSON tokens) keeps its few allowed logits, is filled
+    with -inf at memset speed, and gets them back. Either way the scattered writes are the minority set."""
+    words = (width + 31) // 32
+    idx = torch.tensor(rows, dtype=torch.long)
+    bm = bitmask[idx, :words]
+    zero, full = bm == 0, bm == _ALL_ALLOWED
+    restrictive = zero.sum(1) * 2 > words  # (R,)
+    mixed_r, mixed_c = (~(zero | full)).nonzero(as_tuple=True)
+    bits = ((bm[mixed_r, mixed_c].unsqueeze(1) >> _BITS) & 1).bool()  # (M, 32): True allowed
+    mixed_tok = mixed_c.unsqueeze(1) * 32 + _BITS
+    in_vocab = mixed_tok < width
+    mixed_restrictive = restrictive[mixed_r].unsqueeze(1)
+
+    def word_tokens(word_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r, c = word_mask.nonzero(as_tuple=True)
+        tok = (c.unsqueeze(1) * 32 + _BITS).reshape(-1)
+        row = r.repeat_interleave(32)
+        keep = tok < width
+        return row[keep], tok[keep]
+
+    # permissive rows: -inf on the banned tokens (all-banned words, clear bits of mixed words)
+    pr, pt = word_tokens(zero & ~restrictive.unsqueeze(1))
+    banned = ~bits & in_vocab & ~mixed_restrictive
+    pr = torch.cat([pr, mixed_r.unsqueeze(1).expand_as(banned)[banned]])
+    pt = torch.cat([pt, mixed_tok[banned]])
+    if pr.numel():
+        logits[idx[pr], pt] = float("-inf")
+    # restrictive rows: keep the allowed tokens' logits, fill the row, put them back
+    if bool(restrictive.any()):
+        rr, rt = word_tokens(full & restrictive.unsqueeze(1))
+        allowed = bits & in_vocab & mixed_restrictive
+        rr = torch.cat([rr, mixed_r.unsqueeze(1).expand_as(allowed)[allowed]])
+        rt = torch.cat([rt, mixed_tok[allowed]])
+        kept = logits[idx[rr], rt]
+        logits[idx[restrictive], :width] = float("-inf")
+        logits[idx[rr], rt] = kept
 
 
 def revive_dead_rows(adjusted: torch.Tensor, grammar_masked: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -7,9 +7,12 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang.srt.constrained.matcher import (
     RequestGrammar,
+    apply_bitmask_sparse_cpu,
     apply_bitmask_torch,
     apply_grammar_bitmask,
     revive_dead_rows,
@@ -122,6 +125,54 @@ def test_the_device_path_masks_as_xgrammar_does(backend):
     apply_bitmask_torch(logits, bitmask[[0, 2]], [0, 2], VOCAB)
     assert torch.equal(logits, ref)
     assert 0 < torch.isfinite(logits[0]).sum() < VOCAB and torch.isfinite(logits[1]).all()
+
+
+def _word_rows(draw_kinds, words: int, gen: torch.Generator) -> torch.Tensor:
+    """Bitmask rows of int32 words, each row from a kind: all allowed, all banned, random bits, mostly
+    allowed with banned and mixed words (a JSON string), mostly banned with a few allowed ones."""
+    rows = []
+    for kind in draw_kinds:
+        rand = torch.randint(-2**31, 2**31 - 1, (words,), generator=gen, dtype=torch.int64).to(torch.int32)
+        pick = torch.rand(words, generator=gen)
+        if kind == "all":
+            row = torch.full((words,), -1, dtype=torch.int32)
+        elif kind == "none":
+            row = torch.zeros(words, dtype=torch.int32)
+        elif kind == "random":
+            row = rand
+        elif kind == "permissive":
+            row = torch.where(pick < 0.9, -1, torch.where(pick < 0.95, 0, rand)).to(torch.int32)
+        else:  # restrictive
+            row = torch.where(pick < 0.9, 0, torch.where(pick < 0.95, -1, rand)).to(torch.int32)
+        rows.append(row)
+    return torch.stack(rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["all", "none", "random", "permissive", "restrictive"]), min_size=1, max_size=6),
+       width=st.integers(1, 200), extra=st.integers(0, 40), seed=st.integers(0, 2**16), pick=st.integers(0, 63))
+def test_the_sparse_cpu_path_masks_as_xgrammar_does(kinds, width, extra, seed, pick):
+    """Any mix of row kinds, any width (a partial last word included), logits wider than the vocabulary,
+    any subset of rows: bitwise the logits of the unpacked bitmask, and of xgrammar's CPU op over the
+    vocabulary (where that op stays inside each row); columns past the vocabulary are never touched."""
+    import xgrammar as xg
+
+    gen = torch.Generator().manual_seed(seed)
+    bitmask = _word_rows(kinds, (width + 31) // 32, gen)
+    rows = [i for i in range(len(kinds)) if (pick >> (i % 6)) & 1] or [0]
+    logits = torch.randn(len(kinds), width + extra, generator=gen)
+    original = logits.clone()
+    apply_bitmask_sparse_cpu(logits, bitmask, rows, width)
+    # the oracle: bit j of word i allows token 32 i + j; banned tokens of the listed rows are -inf
+    allowed = ((bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).view(len(kinds), -1)[:, :width]
+    expected = original.clone()
+    for r in rows:
+        expected[r, :width] = original[r, :width].masked_fill(allowed[r] == 0, float("-inf"))
+    assert torch.equal(logits, expected)
+    if width + extra >= 32 * bitmask.shape[1]:  # narrower rows: xgrammar's op writes past a row's end
+        ref = original.clone()
+        xg.apply_token_bitmask_inplace(ref, bitmask, vocab_size=width, indices=rows)
+        assert torch.equal(logits[:, :width], ref[:, :width])
 
 
 def test_several_rows_fill_as_each_alone(backend, tok):
