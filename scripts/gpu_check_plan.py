@@ -66,6 +66,8 @@ REQUIRED_MODULES = {
     "openai": "openai",
     "xxhash": "xxhash",
     "aiohttp": "aiohttp",
+    "xgrammar": "xgrammar",  # constrained output: the tokenizer checks every grammar with it
+    "regex": "regex",  # stop_regex
 }
 # Extra import names (comma or space separated) that check-modules also requires.
 EXTRA_MODULES_ENV = "GPU_CHECK_REQUIRED_MODULES"
