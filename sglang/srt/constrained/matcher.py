@@ -6,6 +6,10 @@ bitmask row per constrained request and applies them to the logits in one op bef
 without constrained requests pays nothing. Every rank drives its matchers from the same sampled tokens,
 so their bitmasks are identical.
 
+With reasoning (`start_after`: the token ending it, `</think>`), the grammar applies only to the tokens
+after that token's first occurrence in the output: until then the row is not masked and the matcher
+stays at the grammar's start.
+
 Retraction and preemption keep a request's output tokens (its re-prefill only rebuilds KV), so its
 matcher stays valid; `sync` still checks the count before each fill and rolls back, or replays from the
 grammar's start, whenever output and matcher disagree.
@@ -17,24 +21,41 @@ import torch
 
 
 class RequestGrammar:
-    def __init__(self, matcher, key: tuple[str, str] | None = None):
+    def __init__(self, matcher, key: tuple[str, str] | None = None, start_after: int | None = None):
         self.matcher = matcher
         self.key = key
         self.accepted: list[int] = []  # the output tokens the matcher has accepted, in order
+        self.start_after = start_after
+        self.waiting = start_after is not None  # the start token has not been output yet
 
     def accept(self, token: int) -> bool:
         """Advance by a sampled token; False (state unchanged) when the grammar does not allow it."""
+        if self.waiting:  # reasoning: any token, the matcher starts after the end of reasoning
+            self.waiting = int(token) != self.start_after
+            return True
         if not self.matcher.accept_token(int(token)):
             return False
         self.accepted.append(int(token))
         return True
 
     def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
+        return not self.waiting and self.matcher.is_terminated()
+
+    def is_active(self) -> bool:
+        """The next token is masked: the grammar has started and is not complete."""
+        return not self.waiting and not self.matcher.is_terminated()
 
     def sync(self, output_ids: list[int]) -> None:
-        """Bring the matcher to the state after `output_ids`: nothing when it is there already; a rollback
-        when it ran ahead on the same tokens; otherwise a replay from the grammar's start."""
+        """Bring the matcher to the state after `output_ids` (after the start token, with `start_after`):
+        nothing when it is there already; a rollback when it ran ahead on the same tokens; otherwise a
+        replay from the grammar's start."""
+        if self.start_after is not None:
+            try:
+                begin = list(output_ids).index(self.start_after) + 1
+            except ValueError:
+                begin = None
+            self.waiting = begin is None
+            output_ids = list(output_ids[begin:]) if begin is not None else []
         n = len(self.accepted)
         if n == len(output_ids) and (n == 0 or self.accepted[-1] == output_ids[-1]):
             return
@@ -45,16 +66,17 @@ class RequestGrammar:
         self.matcher.reset()
         self.accepted = []
         for tok in output_ids:
-            if not self.accept(tok):
+            if not self.matcher.accept_token(int(tok)):
                 raise ValueError(f"output token {tok} at position {len(self.accepted)} does not fit the grammar")
+            self.accepted.append(int(tok))
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
 
 def grammar_rows(grammars: list[RequestGrammar | None]) -> list[int]:
-    """Rows whose request decodes under a grammar that is still open."""
-    return [i for i, g in enumerate(grammars) if g is not None and not g.is_terminated()]
+    """Rows whose request decodes under a grammar that has started and is still open."""
+    return [i for i, g in enumerate(grammars) if g is not None and g.is_active()]
 
 
 def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | None], outputs: list[list[int]],
@@ -66,9 +88,13 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | 
         return rows
     import xgrammar as xg
 
-    bitmask = xg.allocate_token_bitmask(len(grammars), vocab_size)
     for i in rows:
         grammars[i].sync(outputs[i])
+    synced = set(rows)
+    rows = grammar_rows([g if i in synced else None for i, g in enumerate(grammars)])  # sync may un-start one
+    if not rows:
+        return rows
+    bitmask = xg.allocate_token_bitmask(len(grammars), vocab_size)
     if len(rows) == 1:
         grammars[rows[0]].fill(bitmask, rows[0])
     else:  # the rows filled in parallel by xgrammar's thread pool

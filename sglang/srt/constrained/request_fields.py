@@ -1,7 +1,7 @@
 """The request fields that constrain the output, turned into the engine's sampling parameters.
 
 The engine's own names (upstream's `sampling_params`): `json_schema` (a JSON schema as a string),
-`regex`, `ebnf`. The OpenAI layer also takes `response_format` (`text`, `json_object`, `json_schema`),
+`regex`, `ebnf`, `structural_tag` (xgrammar's structural tag, its JSON text). The OpenAI layer also takes `response_format` (`text`, `json_object`, `json_schema`),
 the same three names at the top level of the body, and vLLM's `guided_json`, `guided_regex`,
 `guided_choice` and `guided_grammar`. A request carries at most one constraint; two are refused naming
 both. Every problem raises `ConstraintError` (a ValueError: the caller answers 400 with its message).
@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 # sampling parameter -> grammar kind
-GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # what response_format {"type": "json_object"} compiles to: any JSON object, as OpenAI's JSON mode
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 # the schema of response_format {"type": "json_schema"} without a `schema`: any JSON value
@@ -74,8 +74,37 @@ def response_format_constraint(fmt: Any) -> tuple[str, str] | None:
             return "json_schema", ANY_JSON_SCHEMA
         return "json_schema", schema_text(schema, "response_format.json_schema.schema")
     if kind == "structural_tag":
-        raise ConstraintError("response_format 'structural_tag' is not supported")
-    raise ConstraintError(f"response_format type {kind!r} is not supported: use text, json_object or json_schema")
+        return "structural_tag", structural_tag_text(fmt, "response_format")
+    raise ConstraintError(f"response_format type {kind!r} is not supported: use text, json_object, json_schema "
+                          "or structural_tag")
+
+
+def structural_tag_text(value: Any, name: str) -> str:
+    """A structural tag (an object or its JSON text) -> xgrammar's JSON text: `{"type": "structural_tag",
+    "format": {...}}` as is, or upstream's older `{"structures": [{"begin", "schema", "end"}], "triggers":
+    [...]}` as the equivalent triggered tags."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConstraintError(f"{name} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConstraintError(f"{name} must be a structural tag object, got {type(value).__name__}")
+    if "format" in value:
+        return json.dumps({"type": "structural_tag", "format": value["format"]}, ensure_ascii=False)
+    structures, triggers = value.get("structures"), value.get("triggers")
+    if not isinstance(structures, list) or not structures or not isinstance(triggers, list) or not triggers:
+        raise ConstraintError(f'{name}: a structural tag needs "format", or "structures" and "triggers"')
+    tags = []
+    for i, st in enumerate(structures):
+        if not isinstance(st, dict) or not all(isinstance(st.get(k), str) for k in ("begin", "end")):
+            raise ConstraintError(f'{name}.structures[{i}] needs string "begin" and "end" and a "schema"')
+        schema = st.get("schema", st.get("schema_", {}))
+        schema = json.loads(schema_text(schema, f"{name}.structures[{i}].schema"))
+        tags.append({"type": "tag", "begin": st["begin"], "content": {"type": "json_schema", "json_schema": schema},
+                     "end": st["end"]})
+    fmt = {"type": "triggered_tags", "triggers": triggers, "tags": tags}
+    return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
 
 
 # request field -> (sampling parameter, converter of the field's value)
@@ -128,6 +157,11 @@ def checked_sampling_constraint(params: Any) -> tuple[str, str] | None:
         return None
     kind = given[0]
     value = getattr(params, kind)
-    value = schema_text(value, kind) if kind == "json_schema" else _string(value, kind)
+    if kind == "json_schema":
+        value = schema_text(value, kind)
+    elif kind == "structural_tag":
+        value = structural_tag_text(value, kind)
+    else:
+        value = _string(value, kind)
     setattr(params, kind, value)
     return kind, value

@@ -56,7 +56,8 @@ class GrammarQueue:
             if error is not None:
                 failed.append((req, str(error)))
                 continue
-            req.grammar = RequestGrammar(self.backend.matcher(fut.result()), req.sampling_params.grammar_key())
+            req.grammar = RequestGrammar(self.backend.matcher(fut.result()), req.sampling_params.grammar_key(),
+                                         start_after=req.grammar_start_after)
             ready.append(req)
         self.pending = still
         return ready, failed

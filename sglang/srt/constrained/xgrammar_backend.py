@@ -2,13 +2,14 @@
 process, it walks the whole vocabulary) and one compiler over it.
 
 A grammar key is `(kind, text)`: kind is the sampling parameter that carried it (`json_schema`,
-`regex`, `ebnf`). Compiling is pure C++ that releases the GIL: callers run it in worker threads
+`regex`, `ebnf`, `structural_tag`). Compiling is pure C++ that releases the GIL: callers run it in worker threads
 (`grammar_cache.GrammarCache`). Compiled grammars do not pickle (xgrammar's JSON serialization of one
 is megabytes at a 152k vocabulary), so each process compiles from the key it received.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -82,9 +83,36 @@ class XGrammarBackend:
                 return self._compiler.compile_regex(text)
             if kind == "ebnf":
                 return self._compiler.compile_grammar(text)
+            if kind == "structural_tag":
+                return self._compiler.compile_structural_tag(self._with_json_options(text))
         except (RuntimeError, ValueError, TypeError) as e:
             raise GrammarCompileError(f"invalid {kind}: {_clean(str(e))}") from None
         raise GrammarCompileError(f"unknown grammar kind {kind!r}")
+
+    def _with_json_options(self, text: str) -> str:
+        """The structural tag with the server's JSON whitespace options on every JSON schema inside it
+        that sets none of its own (compile_structural_tag takes no options)."""
+        opts = self.json_options
+        limit = 0 if opts.disable_any_whitespace else opts.max_whitespace_cnt
+        if limit is None:
+            return text
+        try:
+            tag = json.loads(text)
+        except json.JSONDecodeError:
+            return text  # xgrammar names the problem
+
+        def visit(node):
+            if isinstance(node, dict):
+                if node.get("type") == "json_schema" and "json_schema" in node:
+                    node.setdefault("max_whitespace_cnt", limit)
+                for value in node.values():
+                    visit(value)
+            elif isinstance(node, list):
+                for value in node:
+                    visit(value)
+
+        visit(tag)
+        return json.dumps(tag, ensure_ascii=False)
 
     def matcher(self, compiled):
         """A fresh matcher at the grammar's start (rollback kept for as many tokens as asked)."""

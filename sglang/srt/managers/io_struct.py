@@ -78,6 +78,9 @@ class TokenizedGenerateReqInput:
     # wall time of the TP broadcast that delivered this request to every rank (set by rank 0)
     tp_broadcast_ms: float = 0.0
     priority: int = 0  # --enable-priority-scheduling
+    # the output constraint applies after this token (the end of reasoning, `</think>`): set when the
+    # prompt leaves the model reasoning under --reasoning-parser (sglang/srt/parser/reasoning_parser.py)
+    grammar_start_after: int | None = None
 
 
 @dataclass

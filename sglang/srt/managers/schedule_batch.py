@@ -66,6 +66,7 @@ class Req:
         # constrained output: the request's grammar matcher (sglang/srt/constrained/matcher.py), set when
         # its grammar has compiled on this rank; it has accepted exactly output_ids
         self.grammar = None
+        self.grammar_start_after: int | None = None  # the grammar starts after this output token (reasoning)
 
         self.req_pool_idx: int = -1
         self._kv_tail: list[torch.Tensor] = []  # decode slots appended since kv_indices was last read

@@ -131,6 +131,7 @@ class SchedulerIOMixin:
                   recv.created_time, recv.stage_timings_ms)
         req.tp_broadcast_ms = recv.tp_broadcast_ms
         req.priority = recv.priority
+        req.grammar_start_after = recv.grammar_start_after
         req.upstream_stages = frozenset(recv.stage_timings_ms)
         if self.stage_timer.enabled:
             if recv.send_time:

@@ -40,10 +40,12 @@ class SamplingParams:
     # token id -> added to its logit before sampling (OpenAI's logit_bias; JSON keys arrive as strings)
     logit_bias: dict[int, float] | None = None
     # output constraints (at most one; sglang/srt/constrained): a JSON schema (its JSON text; an object
-    # is accepted and turned into its text), a regex, or an EBNF grammar the whole output must match
+    # is accepted and turned into its text), a regex, an EBNF grammar the whole output must match, or an
+    # xgrammar structural tag (its JSON text; an object is accepted)
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None
 
     def verify(self) -> None:
         # 0: prefill only (prompt logprobs for scoring), no output token
