@@ -1,0 +1,68 @@
+"""`tool_choice` `required` or a named function as a grammar: an xgrammar structural tag whose tags are
+the chat template's own call blocks,
+
+    <tool_call>\\n{"name": "NAME", "arguments": <the function's parameters schema>}\\n</tool_call>
+
+so the output is one or more calls (exactly one for a named function or `parallel_tool_calls: false`)
+that the qwen25 parser reads back and whose arguments validate against the schema. `auto` and `none`
+constrain nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sglang.srt.function_call.qwen25_detector import END, START
+
+# a function without `parameters` takes none (OpenAI's rule): its arguments are an empty object
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class ToolChoiceError(ValueError):
+    pass
+
+
+def function_of(tool: Any, where: str) -> dict[str, Any]:
+    """The `function` object of an OpenAI tool, checked: a name, parameters an object schema if given."""
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise ToolChoiceError(f"{where}: only tools of type 'function' are supported")
+    fn = tool.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ToolChoiceError(f"{where}.function needs a non-empty string 'name'")
+    params = fn.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ToolChoiceError(f"{where}.function.parameters must be a JSON schema object")
+    return fn
+
+
+def chosen_functions(tools: list[Any], tool_choice: Any) -> list[dict[str, Any]] | None:
+    """The functions a call must be made to (`required`: any offered one; named: that one), or None
+    when the model chooses (`auto`, `none`, unset)."""
+    fns = [function_of(t, f"tools[{i}]") for i, t in enumerate(tools or [])]
+    if tool_choice in (None, "auto", "none"):
+        return None
+    if tool_choice == "required":
+        if not fns:
+            raise ToolChoiceError("tool_choice 'required' needs tools")
+        return fns
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = (tool_choice.get("function") or {}).get("name")
+        match = [fn for fn in fns if fn["name"] == name]
+        if not match:
+            raise ToolChoiceError(f"tool_choice names function {name!r}, which is not among the tools")
+        return match[:1]
+    raise ToolChoiceError(f"tool_choice must be 'none', 'auto', 'required' or "
+                          f'{{"type": "function", "function": {{"name": ...}}}}, got {tool_choice!r:.200}')
+
+
+def tool_call_structural_tag(functions: list[dict[str, Any]], one_call: bool) -> str:
+    """The structural tag (JSON text) of one or more calls to `functions` (exactly one if `one_call`)."""
+    tags = [{
+        "type": "tag",
+        "begin": START + "\n" + '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": ',
+        "content": {"type": "json_schema", "json_schema": fn.get("parameters") or NO_PARAMETERS},
+        "end": "}\n" + END,
+    } for fn in functions]
+    fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+           "stop_after_first": one_call}
+    return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
