@@ -10,6 +10,8 @@ from decimal import Decimal
 from typing import Any, get_args, get_origin, get_type_hints
 
 from sglang.srt.environ import envs
+from sglang.srt.function_call.function_call_parser import TOOL_CALL_PARSER_CHOICES
+from sglang.srt.parser.reasoning_parser import REASONING_PARSERS
 
 
 def _arg(help: str, choices: tuple | None = None, parse=None, aliases: tuple[str, ...] = (), **kw) -> dict:
@@ -92,6 +94,10 @@ def _grammar_problems(args) -> list[str]:
     cnt = args.constrained_json_max_whitespace_cnt
     if cnt is not None and cnt < 1:
         problems.append("--constrained-json-max-whitespace-cnt must be >= 1")
+    if args.tool_call_parser not in (None, *TOOL_CALL_PARSER_CHOICES):
+        problems.append(f"--tool-call-parser {args.tool_call_parser}: choose one of {', '.join(TOOL_CALL_PARSER_CHOICES)}")
+    if args.reasoning_parser not in (None, *REASONING_PARSERS):
+        problems.append(f"--reasoning-parser {args.reasoning_parser}: choose one of {', '.join(REASONING_PARSERS)}")
     return problems
 
 
@@ -273,6 +279,14 @@ class ServerArgs:
         "JSON schema output without free whitespace between tokens (compact JSON)"))
     constrained_json_max_whitespace_cnt: int | None = field(default=None, metadata=_arg(
         "at most this many whitespace characters in a row in JSON schema output (default: unlimited)"))
+    tool_call_parser: str | None = field(default=None, metadata=_arg(
+        "the tool-call format of chat outputs with tools: qwen25 (qwen is the same: <tool_call> JSON blocks, as "
+        "Qwen2.5 / Qwen3(-VL) templates use); unset or auto: qwen25 when the chat template uses <tool_call>",
+        choices=TOOL_CALL_PARSER_CHOICES))
+    reasoning_parser: str | None = field(default=None, metadata=_arg(
+        "split the model's <think> reasoning into reasoning_content: qwen3 (reasoning when the output or the "
+        "prompt opens <think>) or qwen3-thinking (the template opens it: every output begins reasoning)",
+        choices=tuple(REASONING_PARSERS)))
 
     def __post_init__(self):
         problems = []

@@ -13,7 +13,9 @@ Tools (``tools=[...]``), assistant ``tool_calls`` and ``tool`` role messages are
 a simple, Qwen-like way.
 
 The Qwen2.5-VL flavour inserts a default system prompt when the conversation does not start
-with one (as the real Qwen2.5-VL template does); the Qwen3-VL flavour does not.
+with one (as the real Qwen2.5-VL template does); the Qwen3-VL flavour does not. The Qwen3-VL flavour
+reads ``enable_thinking`` as the hybrid Qwen3 templates do: ``false`` closes an empty
+``<think>\n\n</think>\n\n`` after the generation prompt, so the answer follows directly.
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ _BODY = r"""
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 {{- '<|im_start|>assistant\n' -}}
+{%- if thinking_switch and enable_thinking is defined and enable_thinking is false -%}
+{{- '<think>\n\n</think>\n\n' -}}
+{%- endif -%}
 {%- endif -%}
 """
 
@@ -101,9 +106,9 @@ _BODY = r"""
 def chat_template(family: str) -> str:
     """Return the Jinja chat template for ``family`` ("qwen3_vl" or "qwen2_5_vl")."""
     if family == "qwen2_5_vl":
-        header = "{%- set default_system = '" + QWEN25_DEFAULT_SYSTEM + "' -%}"
+        header = "{%- set default_system = '" + QWEN25_DEFAULT_SYSTEM + "' -%}{%- set thinking_switch = false -%}"
     elif family == "qwen3_vl":
-        header = "{%- set default_system = '' -%}"
+        header = "{%- set default_system = '' -%}{%- set thinking_switch = true -%}"
     else:
         raise ValueError(f"unknown model family {family!r}")
     return header + _BODY.strip() + "\n"

@@ -263,6 +263,13 @@ MAIN_SERVER_ARGS = ("--limit-mm-per-prompt", "4", "--media-fetch-timeout", "1", 
 
 
 @pytest.fixture(scope="session")
+def tools_server(launch_server) -> ServerProcess:
+    """Tool calls and reasoning (test_tool_calls.py, test_reasoning.py): the tool-call format picked from the
+    chat template, the qwen3 reasoning split, JSON whitespace runs capped (the random model pads JSON)."""
+    return launch_server("--reasoning-parser", "qwen3", "--constrained-json-max-whitespace-cnt", "2")
+
+
+@pytest.fixture(scope="session")
 def server(launch_server, media_dir) -> ServerProcess:
     return launch_server(*MAIN_SERVER_ARGS, "--allowed-local-media-path", str(media_dir))
 

@@ -77,13 +77,8 @@ _OPENAI_COMMON: dict[str, Refusal] = {
 
 CHAT_REFUSED: dict[str, Refusal] = {
     **_OPENAI_COMMON,
-    "tool_choice": Refusal("tool_choice needs tools, which are not supported", ("none", "auto", None)),
-    "parallel_tool_calls": Refusal("parallel_tool_calls needs tools, which are not supported", (True, None)),
     "functions": Refusal("functions (deprecated by OpenAI) are not supported"),
     "function_call": Refusal("function_call (deprecated by OpenAI) is not supported", (None, "none", "auto")),
-    "continue_final_message": Refusal("continue_final_message is not supported", (False, None)),
-    "separate_reasoning": Refusal("separate_reasoning needs a reasoning parser, which is not supported", (True, None)),
-    "stream_reasoning": Refusal("stream_reasoning needs a reasoning parser, which is not supported", (True, None)),
     "reasoning_effort": Refusal("reasoning_effort is not supported: use chat_template_kwargs (enable_thinking)"),
     "reasoning": Refusal("reasoning is not supported: use chat_template_kwargs (enable_thinking)"),
     "return_prompt_token_ids": _NO_TOKEN_IDS,
@@ -162,7 +157,6 @@ GENERATE_REFUSED: dict[str, Refusal] = {
 
 # keys of /generate's sampling_params that upstream's SamplingParams defines and this server refuses
 SAMPLING_REFUSED: dict[str, Refusal] = {
-    "structural_tag": Refusal("structural_tag is not supported: use json_schema, regex or ebnf"),
     "spaces_between_special_tokens": Refusal("spaces_between_special_tokens false is not supported", (True, None)),
     "custom_params": _NO_CUSTOM_LOGITS,
     "stream_interval": Refusal("a per-request stream_interval is not supported: the server's --stream-interval applies"),

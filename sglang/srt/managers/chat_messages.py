@@ -3,10 +3,15 @@
 Image parts become `{"type": "image"}` (the Qwen templates render each as
 `<|vision_start|><|image_pad|><|vision_end|>`) and their sources are collected in prompt order, so the
 i-th placeholder of the rendered prompt belongs to the i-th image.
+
+An assistant message's `tool_calls` reach the template with their `function.arguments` as objects
+(OpenAI sends JSON text; the Qwen templates write the object out with `tojson`); `tool` messages
+(results, with their `tool_call_id`) pass as they are.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -31,8 +36,32 @@ def split_chat_images(messages: Any) -> tuple[list[dict[str, Any]], list[Any]]:
             new["content"] = [_convert_part(part, i, j, images) for j, part in enumerate(content)]
         elif content is not None and not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string or a list of content parts")
+        if msg.get("tool_calls") is not None:
+            if role != "assistant":
+                raise ValueError(f"messages[{i}]: only assistant messages carry tool_calls")
+            new["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
+                                 for j, call in enumerate(_list(msg["tool_calls"], f"messages[{i}].tool_calls"))]
         out.append(new)
     return out, images
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list")
+    return value
+
+
+def _template_tool_call(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ValueError(f"{where} needs a function with a string name")
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}.function.arguments is not valid JSON: {e}") from None
+    return {**call, "function": {**fn, "arguments": {} if args is None else args}}
 
 
 def _convert_part(part: Any, i: int, j: int, images: list[Any]) -> dict[str, Any]:

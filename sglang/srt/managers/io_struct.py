@@ -38,6 +38,10 @@ class GenerateReqInput:
     # (`mm_processor_kwargs`, or upstream's `images_config`), so a refusal names it
     mm_processor_kwargs: dict[str, Any] | None = None
     mm_kwargs_name: str = "mm_processor_kwargs"
+    # chat only: OpenAI tool objects rendered by the chat template, and the last (assistant) message
+    # continued instead of a new turn opened
+    tools: list[dict[str, Any]] | None = None
+    continue_final_message: bool = False
 
     def parallel_copies(self, max_n: int = 64) -> list["GenerateReqInput"]:
         """`sampling_params["n"]` independent samples of this prompt as n requests (they share its KV

@@ -26,6 +26,7 @@ from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
 from sglang.srt.multimodal.transport.cuda_ipc import make_sender, release_unsent
+from sglang.srt.parser.reasoning_parser import prompt_opens_reasoning, reasoning_format
 from sglang.srt.multimodal.transport.shm import (
     ShmSpaceError,
     cleanup_own_segments,
@@ -178,7 +179,7 @@ class RequestBuilder:
         """The wire message and its pickle (made here, off the event loop: pixel tensors can be large)."""
         obj = req.obj
         try:
-            prompt = self._render_chat(req.messages, obj.chat_template_kwargs) if req.messages is not None else obj.text
+            prompt = self._render_chat(req.messages, obj) if req.messages is not None else obj.text
             if obj.input_ids is not None:
                 ids = check_input_ids(obj.input_ids, self.vocab_size)
             else:
@@ -210,6 +211,7 @@ class RequestBuilder:
             rid=req.rid, input_ids=ids, sampling_params=sampling, mm_inputs=mm_inputs, stream=obj.stream,
             input_text=prompt, created_time=obj.created_time, stage_timings_ms=timings if mm_inputs else {},
             priority=req.priority,
+            grammar_start_after=self._grammar_start_after(prompt, sampling) if req.messages is not None else None,
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
         names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []
@@ -283,11 +285,31 @@ class RequestBuilder:
             )
         return min(n, kv_room)
 
-    def _render_chat(self, messages: list[dict[str, Any]], kwargs: dict[str, Any] | None) -> str:
+    def _render_chat(self, messages: list[dict[str, Any]], obj: GenerateReqInput) -> str:
+        """The prompt the model's own template makes of the messages, the tools and chat_template_kwargs;
+        with continue_final_message the last (assistant) message is left open, no generation prompt."""
+        kwargs = dict(obj.chat_template_kwargs or {})
+        if obj.tools:
+            kwargs["tools"] = obj.tools
+        cont = bool(obj.continue_final_message)
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **(kwargs or {}))
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not cont,
+                                                      continue_final_message=cont, **kwargs)
         except Exception as e:  # jinja errors (raise_exception in templates) are not ValueErrors
             raise GenerateError(f"cannot apply the chat template to these messages: {e}") from None
+
+    def _grammar_start_after(self, prompt: str | None, sampling: SamplingParams) -> int | None:
+        """With --reasoning-parser, a constrained chat output that begins inside the reasoning is
+        constrained only after it: the id of the token ending the reasoning (None: from the start)."""
+        parser = self.server_args.reasoning_parser
+        if not parser or sampling.grammar_key() is None or not prompt_opens_reasoning(parser, prompt):
+            return None
+        end = reasoning_format(parser).end
+        ids = self.tokenizer.encode(end, add_special_tokens=False)
+        if len(ids) != 1:
+            raise GenerateError(f"an output constraint after reasoning needs {end} to be one token, and this "
+                                f"tokenizer splits it in {len(ids)}; drop the constraint or the reasoning")
+        return ids[0]
 
     def _fetch_if_url(self, src: Any) -> Any:
         return self.fetcher(src) if is_http_url(src) else src

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 
-# "abort": the request was ended by /abort_request
-FinishReasonStr = Literal["stop", "length", "abort"]
+# "abort": the request was ended by /abort_request; "tool_calls": it stopped after tool calls
+FinishReasonStr = Literal["stop", "length", "abort", "tool_calls"]
 
 
 def pick_image_settings(mm_processor_kwargs: Any, images_config: Any) -> tuple[Any, str]:
@@ -53,10 +53,14 @@ class ChatMessage(_Tolerant):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls (rendered by the template)
+    tool_call_id: str | None = None  # a tool result's call
+    reasoning_content: str | None = None  # an earlier turn's reasoning, as responses carry it
 
 
 class StreamOptions(_Tolerant):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # usage so far in every chunk
 
 
 class ChatCompletionRequest(_Tolerant):
@@ -79,6 +83,8 @@ class ChatCompletionRequest(_Tolerant):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # none, auto (with tools, the default), required, a function
+    parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     user: str | None = None
     # SGLang extensions
@@ -88,6 +94,9 @@ class ChatCompletionRequest(_Tolerant):
     stop_regex: str | list[str] | None = None
     no_stop_trim: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: bool = False  # continue the last (assistant) message: no generation prompt
+    separate_reasoning: bool = True  # with --reasoning-parser: reasoning in reasoning_content
+    stream_reasoning: bool = True  # false: the reasoning streamed in one piece, when it ends
     rid: str | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
@@ -111,8 +120,10 @@ class ChatCompletionRequest(_Tolerant):
             pick_image_settings(self.mm_processor_kwargs, self.images_config)
         except ValueError as e:
             return str(e)
-        if self.tools:
-            return "tools are not supported"
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            return "continue_final_message needs the last message to be the assistant's"
+        if not self.parallel_tool_calls and not self.tools:
+            return "parallel_tool_calls false needs tools"
         return None
 
     def output_limit(self) -> int | None:
@@ -189,9 +200,24 @@ class UsageInfo(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str | None = None
+    arguments: str | None = None  # JSON text (streaming: a piece of it)
+
+
+class ToolCallOut(BaseModel):
+    id: str | None = None
+    index: int | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    # null when empty, always present (as upstream's), so clients can read them as attributes
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatCompletionChoice(BaseModel):
@@ -218,6 +244,8 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatCompletionStreamChoice(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, TypeVar
 
 import orjson
@@ -211,6 +211,7 @@ class ResponseContext:
     model: str
     created: int
     tokenizer: Any = None  # turns logprob token ids into text
+    prompts: list[Any] = field(default_factory=list)  # each choice's TokenizedGenerateReqInput, in order
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
@@ -244,7 +245,7 @@ class OpenAIServingBase:
             return error_response(e)
         streams = [tm.generate_tokenized(t, p) for t, p in prepared]
         ctx = ResponseContext(f"{self.id_prefix}-{prepared[0][0].rid}", req.model or self.model_name, int(created),
-                              self._tokenizer())
+                              self._tokenizer(), [t for t, _ in prepared])
         if req.stream:
             tagged = merge_streams(streams)
             events = self._stream_events(req, ctx, tagged)
