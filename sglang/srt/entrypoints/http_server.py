@@ -27,6 +27,7 @@ from sglang import __version__
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
 from sglang.srt.entrypoints.field_policy import GENERATE_REFUSED, check_fields
+from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList, pick_image_settings
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
@@ -300,6 +301,21 @@ def create_app(
         except GenerateError as e:
             return error_response(e)
         return json_response({"success": True, "num_aborted": tm.abort_request(rid, abort_all)})
+
+    @app.post("/parse_function_call")
+    async def parse_function_call_route(request: Request) -> Response:
+        try:
+            template = getattr(getattr(getattr(tm, "builder", None), "tokenizer", None), "chat_template", None)
+            return json_response(parse_function_call(parse_json_body(await request.body()), server_args, template))
+        except GenerateError as e:
+            return error_response(e)
+
+    @app.post("/separate_reasoning")
+    async def separate_reasoning_route(request: Request) -> Response:
+        try:
+            return json_response(separate_reasoning(parse_json_body(await request.body()), server_args))
+        except GenerateError as e:
+            return error_response(e)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
