@@ -135,7 +135,6 @@ GENERATE_REFUSED: dict[str, Refusal] = {
     "need_wait_for_mm_inputs": _NO_PD,
     "num_items_assigned": _NO_PD,
     "disagg_prefill_dp_rank": _NO_PD,
-    "require_reasoning": Refusal("require_reasoning is not supported", (False, None)),
     "routed_dp_rank": _NO_DP_ROUTING,
     "data_parallel_rank": _NO_DP_ROUTING,
     "background": Refusal("background requests are not supported", (False, None)),

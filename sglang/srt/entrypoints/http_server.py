@@ -339,7 +339,13 @@ _TOP_LEVEL_LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_
 
 # the /generate body's keys read by native_requests; upstream's others are in GENERATE_REFUSED
 NATIVE_FIELDS = ("text", "input_ids", "image_data", "sampling_params", "stream", "rid", "priority",
-                 "mm_processor_kwargs", "images_config", *_TOP_LEVEL_LOGPROB_KEYS)
+                 "mm_processor_kwargs", "images_config", "require_reasoning", *_TOP_LEVEL_LOGPROB_KEYS)
+
+
+def _require_reasoning(value: Any) -> bool:
+    if value is not None and not isinstance(value, bool):
+        raise GenerateError(f"require_reasoning must be true or false, got {value!r:.50}")
+    return bool(value)
 
 
 def native_requests(data: dict[str, Any], created: float) -> tuple[list[GenerateReqInput], bool]:
@@ -398,6 +404,7 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             priority=priorities[i],
             mm_processor_kwargs=image_kwargs,
             mm_kwargs_name=image_kwargs_name,
+            require_reasoning=_require_reasoning(data.get("require_reasoning")),
         ))
     try:
         expanded = [c for o in objs for c in o.parallel_copies()]

@@ -42,6 +42,8 @@ class GenerateReqInput:
     # continued instead of a new turn opened
     tools: list[dict[str, Any]] | None = None
     continue_final_message: bool = False
+    # /generate (upstream's field): the output begins inside the reasoning, its constraint applies after it
+    require_reasoning: bool = False
 
     def parallel_copies(self, max_n: int = 64) -> list["GenerateReqInput"]:
         """`sampling_params["n"]` independent samples of this prompt as n requests (they share its KV

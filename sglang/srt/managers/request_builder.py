@@ -211,7 +211,8 @@ class RequestBuilder:
             rid=req.rid, input_ids=ids, sampling_params=sampling, mm_inputs=mm_inputs, stream=obj.stream,
             input_text=prompt, created_time=obj.created_time, stage_timings_ms=timings if mm_inputs else {},
             priority=req.priority,
-            grammar_start_after=self._grammar_start_after(prompt, sampling) if req.messages is not None else None,
+            grammar_start_after=self._grammar_start_after(prompt, sampling, req.messages is not None,
+                                                          obj.require_reasoning),
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
         names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []
@@ -298,11 +299,16 @@ class RequestBuilder:
         except Exception as e:  # jinja errors (raise_exception in templates) are not ValueErrors
             raise GenerateError(f"cannot apply the chat template to these messages: {e}") from None
 
-    def _grammar_start_after(self, prompt: str | None, sampling: SamplingParams) -> int | None:
-        """With --reasoning-parser, a constrained chat output that begins inside the reasoning is
-        constrained only after it: the id of the token ending the reasoning (None: from the start)."""
+    def _grammar_start_after(self, prompt: str | None, sampling: SamplingParams, chat: bool,
+                             require_reasoning: bool) -> int | None:
+        """With --reasoning-parser, a constrained output that begins inside the reasoning (a chat prompt
+        that opens it, or /generate's require_reasoning) is constrained only after it: the id of the
+        token ending the reasoning (None: from the start)."""
         parser = self.server_args.reasoning_parser
-        if not parser or sampling.grammar_key() is None or not prompt_opens_reasoning(parser, prompt):
+        if require_reasoning and not parser:
+            raise GenerateError("require_reasoning needs a reasoning parser: start the server with --reasoning-parser")
+        opens = bool(parser) and (require_reasoning or (chat and prompt_opens_reasoning(parser, prompt)))
+        if not opens or sampling.grammar_key() is None:
             return None
         end = reasoning_format(parser).end
         ids = self.tokenizer.encode(end, add_special_tokens=False)
