@@ -205,7 +205,7 @@ class SchedulerIOMixin:
         traces are written when a stop is answered)."""
         if self._profiler is None:
             self._profiler = SchedulerProfiler(self.tp.rank)
-        if self.load_socket is not None and req.profile_id:  # --dp-size > 1: every replica names its traces
+        if self.report_dp_rank and req.profile_id:  # --dp-size > 1: every replica's ranks name their traces
             req = dataclasses.replace(req, profile_id=f"{req.profile_id}-DP-{self.dp_rank}")
         out = self._profiler.handle(req)
         if self.tp.size > 1:

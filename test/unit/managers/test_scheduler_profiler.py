@@ -72,3 +72,21 @@ def test_refusals_name_the_problem(tmp_path):
     if not torch.cuda.is_available():
         out = p.start(ProfileReq("start", output_dir=str(tmp_path), activities=["GPU"]))
         assert not out.success and "no CUDA device" in out.message
+
+
+def test_replicas_name_their_traces_on_every_rank(tmp_path):
+    """--dp-size > 1: each replica's ranks write `<id>-DP-<k>-TP-<r>`, also ranks without the controller's
+    load socket (only rank 0 has one), so two replicas' rank 1 never write the same file."""
+    from types import SimpleNamespace
+
+    from sglang.srt.distributed.parallel_state import SINGLE_RANK
+    from sglang.srt.managers.scheduler_io_mixin import SchedulerIOMixin
+
+    sent = []
+    replica = SimpleNamespace(_profiler=None, tp=SINGLE_RANK, dp_rank=1, report_dp_rank=True, load_socket=None,
+                              send=sent.append)
+    SchedulerIOMixin.handle_profile(replica, ProfileReq("start", output_dir=str(tmp_path), activities=["CPU"],
+                                                        profile_id="9", req_id=3))
+    SchedulerIOMixin.handle_profile(replica, ProfileReq("stop", req_id=4))
+    assert [o.req_id for o in sent] == [3, 4] and all(o.success for o in sent)
+    assert sent[1].files == [str(tmp_path / "9-DP-1-TP-0.trace.json.gz")] and (tmp_path / "9-DP-1-TP-0.trace.json.gz").is_file()
