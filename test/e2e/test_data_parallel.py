@@ -93,11 +93,25 @@ def test_flush_info_and_metrics_cover_every_replica(dp2):
     assert 'sglang:dp_num_running_reqs{model_name=' in metrics and 'dp_rank="1"' in metrics
 
 
+@pytest.mark.slow  # four scheduler processes with a gloo group each
+def test_replicas_of_a_tp2_group_equal_one_server(launch_server, server):
+    s = launch_server("--dp-size", "2", "--tp-size", "2")
+    names = {"sglang-dp0-tp0", "sglang-dp0-tp1", "sglang-dp1-tp0", "sglang-dp1-tp1", "sglang-dpctl"}
+    assert names <= set(s.children.values())
+    texts = [f"Two by two, case {i}:" for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda t: _generate(s.url, t), texts))
+    assert [o["output_ids"] for o in outs] == [_generate(server.url, t)["output_ids"] for t in texts]
+    assert {o["meta_info"]["dp_rank"] for o in outs} == {0, 1}
+    s.close()
+
+
 @pytest.mark.slow  # a second dp-2 server, killed
-def test_a_dead_replica_takes_the_server_down(launch_server):
+@pytest.mark.parametrize("victim", ["sglang-dp1-tp0", "sglang-dpctl"])
+def test_a_dead_replica_or_controller_takes_the_server_down(launch_server, victim):
     s = launch_server("--dp-size", "2")
     assert {"sglang-dp0-tp0", "sglang-dp1-tp0", "sglang-dpctl", "sglang-detok"} <= set(s.children.values())
-    os.kill(s.pid_of("sglang-dp1-tp0"), signal.SIGKILL)
+    os.kill(s.pid_of(victim), signal.SIGKILL)
     start = time.monotonic()
     def unhealthy() -> bool:
         try:
@@ -108,7 +122,7 @@ def test_a_dead_replica_takes_the_server_down(launch_server):
     wait_until(unhealthy, 30, what="the server to report the dead replica")
     try:  # within the exit grace period requests are refused with the reason
         r = requests.post(s.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=30)
-        assert r.status_code == 503 and "sglang-dp1-tp0" in r.text, r.text
+        assert r.status_code == 503 and victim in r.text, r.text
     except requests.ConnectionError:
         assert s.proc.poll() is not None  # already gone
     wait_until(lambda: s.proc.poll() is not None, 30, what="the server to exit")
