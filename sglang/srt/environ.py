@@ -132,6 +132,8 @@ envs.add("SGLANG_MM_HASH_ALGO", "xxh3_128", lambda raw: _parse_choice(raw, ("xxh
 envs.add("SGLANG_IMAGE_MAX_PIXELS", None, _parse_pixels,
          "Upstream's cap on the pixels of one resized image: lowers the model's max_pixels (never raises it); "
          "unset: the model's preprocessor config (upstream's default, 12845056, is not applied).")
+envs.add("SGLANG_VIDEO_MAX_SECONDS", 3600.0, float,
+         "Longest video accepted (seconds, from the file's header); a longer one is a 400 naming the limit.")
 envs.add("SGLANG_RESIZE_RESAMPLE", "", _parse_resample,
          "Upstream's image resize filter by PIL name: NEAREST, BOX, BILINEAR, HAMMING, BICUBIC or LANCZOS; unset: "
          "the model's preprocessor config (bicubic). Other than BICUBIC, JPEGs are not deferred to the GPU decoder.")

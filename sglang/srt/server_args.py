@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -65,22 +66,40 @@ def _suffix_hint(text: str) -> str:
     return f" ({suffix!r} is not a suffix)"
 
 
-def parse_image_limit(raw: str) -> int:
-    """`N`, or the JSON forms `{"image": N}` (upstream's --limit-mm-data-per-request, vLLM's
-    --limit-mm-per-prompt). Other modalities must be 0: video is not served."""
+DEFAULT_VIDEO_LIMIT = 8  # videos per request when no limit names them
+
+
+def parse_mm_limits(raw: str | int | dict) -> int | dict[str, int]:
+    """`N` (images), or the JSON forms `{"image": N, "video": M}` (upstream's --limit-mm-data-per-request,
+    vLLM's --limit-mm-per-prompt) as a dict. Audio is not served: a non-zero audio limit is refused."""
     import json
 
-    raw = str(raw).strip()
-    if not raw.startswith("{"):
-        return int(raw)
-    try:
-        limits = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON: {e}") from None
-    unknown = {k for k, v in limits.items() if k != "image" and v}
+    if isinstance(raw, dict):
+        limits = raw
+    else:
+        raw = str(raw).strip()
+        if not raw.startswith("{"):
+            return int(raw)
+        try:
+            limits = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not valid JSON: {e}") from None
+    unknown = {k for k, v in limits.items() if k not in ("image", "video") and v}
     if unknown:
-        raise ValueError(f"only image inputs are served; got limits for {sorted(unknown)}")
-    return int(limits.get("image", 0))
+        raise ValueError(f"only image and video inputs are served; got limits for {sorted(unknown)}")
+    out = {}
+    for k in ("image", "video"):
+        if limits.get(k) is not None:
+            if isinstance(limits[k], bool) or not isinstance(limits[k], int) or limits[k] < 0:
+                raise ValueError(f"the {k} limit must be a non-negative integer, got {limits[k]!r}")
+            out[k] = limits[k]
+    return out
+
+
+def parse_image_limit(raw: str) -> int:
+    """The image part of `parse_mm_limits` (0 when a JSON form names none)."""
+    limits = parse_mm_limits(raw)
+    return limits if isinstance(limits, int) else limits.get("image", 0)
 
 
 GRAMMAR_BACKENDS = ("xgrammar", "none")
@@ -193,9 +212,10 @@ class ServerArgs:
     enable_vlm_stage_timer: bool = field(default=False, metadata=_arg(
         "time each VLM pipeline stage per request: log lines, meta_info['stage_timings_ms'], metrics"))
     limit_mm_per_prompt: int = field(default=32, metadata=_arg(
-        "max images per request: N or vLLM's JSON form '{\"image\": N}'", parse=parse_image_limit))
+        "max images per request: N, or vLLM's JSON form '{\"image\": N, \"video\": M}' (videos: 8 by default)",
+        parse=parse_mm_limits))
     limit_mm_data_per_request: str | None = field(default=None, metadata=_arg(
-        "upstream's form of the image limit, JSON '{\"image\": N}' (overrides --limit-mm-per-prompt)"))
+        "upstream's form of the limits, JSON '{\"image\": N, \"video\": M}' (overrides --limit-mm-per-prompt)"))
     allowed_local_media_path: str | None = field(default=None, metadata=_arg(
         "directory local image paths must lie under (default: local paths refused)"))
     media_fetch_timeout: float = field(default=10.0, metadata=_arg("seconds to fetch one http(s) image"))
@@ -291,6 +311,15 @@ class ServerArgs:
     def __post_init__(self):
         problems = []
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
+        if isinstance(self.limit_mm_per_prompt, (dict, str)):  # vLLM's JSON form carries both limits
+            try:
+                limits = parse_mm_limits(self.limit_mm_per_prompt)
+            except ValueError as e:
+                problems.append(f"--limit-mm-per-prompt: {e}")
+                limits = 0
+            if isinstance(limits, dict) and self.limit_mm_data_per_request is None:
+                object.__setattr__(self, "limit_mm_data_per_request", json.dumps(limits))
+            object.__setattr__(self, "limit_mm_per_prompt", limits if isinstance(limits, int) else limits.get("image", 0))
         if self.limit_mm_data_per_request is not None:
             try:
                 object.__setattr__(self, "limit_mm_per_prompt", parse_image_limit(self.limit_mm_data_per_request))
@@ -370,6 +399,14 @@ class ServerArgs:
         if self.base_gpu_id < 0:
             problems.append("--base-gpu-id must be >= 0")
         return problems
+
+    @property
+    def limit_mm_video_per_prompt(self) -> int:
+        """Videos per request: the `video` entry of the JSON limits, else DEFAULT_VIDEO_LIMIT."""
+        if self.limit_mm_data_per_request is None:
+            return DEFAULT_VIDEO_LIMIT
+        limits = parse_mm_limits(self.limit_mm_data_per_request)
+        return limits.get("video", DEFAULT_VIDEO_LIMIT) if isinstance(limits, dict) else DEFAULT_VIDEO_LIMIT
 
     def _scheduling_problems(self) -> list[str]:
         problems = []

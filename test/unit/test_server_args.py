@@ -96,8 +96,24 @@ def test_dtype_aliases_and_image_limit_forms():
     assert ServerArgs.from_argv(["--limit-mm-per-prompt", '{"image": 7}']).limit_mm_per_prompt == 7
     assert ServerArgs.from_argv(["--limit-mm-data-per-request", json.dumps({"image": 3})]).limit_mm_per_prompt == 3
     assert parse_image_limit("5") == 5 and parse_image_limit('{"image": 2, "video": 0}') == 2
-    with pytest.raises(ValueError, match="video"):
-        parse_image_limit('{"image": 2, "video": 1}')
+    with pytest.raises(ValueError, match="audio"):
+        parse_image_limit('{"image": 2, "audio": 1}')
+
+
+def test_video_limit_forms():
+    """Both JSON forms carry a video limit (vLLM's --limit-mm-per-prompt, upstream's
+    --limit-mm-data-per-request, which wins); unnamed, videos get DEFAULT_VIDEO_LIMIT."""
+    from sglang.srt.server_args import DEFAULT_VIDEO_LIMIT
+
+    a = ServerArgs.from_argv(["--limit-mm-per-prompt", '{"image": 2, "video": 1}'])
+    assert (a.limit_mm_per_prompt, a.limit_mm_video_per_prompt) == (2, 1)
+    b = ServerArgs.from_argv(["--limit-mm-per-prompt", '{"video": 3}', "--limit-mm-data-per-request", '{"image": 4, "video": 0}'])
+    assert (b.limit_mm_per_prompt, b.limit_mm_video_per_prompt) == (4, 0)
+    c = ServerArgs.from_argv(["--limit-mm-per-prompt", "6"])
+    assert (c.limit_mm_per_prompt, c.limit_mm_video_per_prompt) == (6, DEFAULT_VIDEO_LIMIT)
+    assert ServerArgs(limit_mm_per_prompt={"image": 1, "video": 2}).limit_mm_video_per_prompt == 2
+    with pytest.raises(ValueError, match="video limit"):
+        ServerArgs(limit_mm_data_per_request='{"video": -1}')
 
 
 @pytest.mark.parametrize("argv, phrase", [

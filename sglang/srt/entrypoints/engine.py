@@ -249,12 +249,14 @@ class Engine:
         return_logprob: bool = False,
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
+        video_data: Any = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """`return_logprob`, `logprob_start_len`, `top_logprobs_num`: upstream's keyword arguments; they
         join every request's sampling parameters (meta_info then holds output_token_logprobs, and
-        input_token_logprobs from logprob_start_len on)."""
+        input_token_logprobs from logprob_start_len on). `video_data`: like `image_data` (one prompt: a video
+        or a list of videos, each a URL, path, base64, bytes or a list of frames; a batch: one entry per prompt)."""
         objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
-                                       return_logprob, logprob_start_len, top_logprobs_num)
+                                       return_logprob, logprob_start_len, top_logprobs_num, video_data)
         if stream:
             return self._stream(objs)
         return self._run(self._collect_batch(objs) if as_list else self._collect(objs[0]))
@@ -270,17 +272,18 @@ class Engine:
         return_logprob: bool = False,
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
+        video_data: Any = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """`generate` for callers on their own event loop (upstream's name): awaits the same outputs
         without blocking that loop; with `stream=True` it returns an async iterator of the chunks."""
         objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
-                                       return_logprob, logprob_start_len, top_logprobs_num)
+                                       return_logprob, logprob_start_len, top_logprobs_num, video_data)
         if stream:
             return self._astream(objs)
         return await asyncio.wrap_future(self._submit(self._collect_batch(objs) if as_list else self._collect(objs[0])))
 
     def _requests(self, prompt, messages, image_data, sampling_params, stream, input_ids, return_logprob,
-                  logprob_start_len, top_logprobs_num) -> tuple[list, bool]:
+                  logprob_start_len, top_logprobs_num, video_data=None) -> tuple[list, bool]:
         """(the requests to run: one per prompt and sample, whether the caller gets a list)."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -297,18 +300,20 @@ class Engine:
         )
         if not batch:
             obj = GenerateReqInput(text=prompt, input_ids=input_ids, messages=messages,
-                                   image_data=_as_image_list(image_data), sampling_params=dict(sampling_params or {}),
-                                   stream=stream)
+                                   image_data=_as_image_list(image_data), video_data=_as_image_list(video_data),
+                                   sampling_params=dict(sampling_params or {}), stream=stream)
             copies = obj.parallel_copies()
             return copies, len(copies) > 1
         n = len(prompt if isinstance(prompt, list) else input_ids if input_ids else messages)
         per_images = list(image_data) if image_data is not None else [None] * n
         per_params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
-        if len(per_images) != n or len(per_params) != n:
-            raise ValueError(f"a batch of {n} requests needs {n} image_data and sampling_params entries")
+        per_videos = list(video_data) if video_data is not None else [None] * n
+        if len(per_images) != n or len(per_params) != n or len(per_videos) != n:
+            raise ValueError(f"a batch of {n} requests needs {n} image_data, video_data and sampling_params entries")
         objs = [
             GenerateReqInput(text=prompt[i] if prompt else None, input_ids=input_ids[i] if input_ids else None,
                              messages=messages[i] if messages else None, image_data=_as_image_list(per_images[i]),
+                             video_data=_as_image_list(per_videos[i]),
                              sampling_params=dict(per_params[i] or {}), stream=stream)
             for i in range(n)
         ]

@@ -112,10 +112,10 @@ COMPLETION_REFUSED: dict[str, Refusal] = {
 # the native /generate body (upstream's GenerateReqInput)
 GENERATE_REFUSED: dict[str, Refusal] = {
     "input_embeds": Refusal("input_embeds is not supported: give text or input_ids"),
-    "video_data": Refusal("video input is not supported", is_off=lambda v: v is None or v == []),
     "audio_data": Refusal("audio input is not supported", is_off=lambda v: v is None or v == []),
     "use_audio_in_video": _NO_AUDIO,
-    "modalities": Refusal("only image modalities are supported", is_off=_only("image", "multi-images")),
+    "modalities": Refusal("only image and video modalities are supported",
+                          is_off=_only("image", "multi-images", "video")),
     "token_ids_logprob": Refusal("token_ids_logprob is not supported: use top_logprobs_num"),
     "log_metrics": Refusal("log_metrics false is not supported", (True, None)),
     "return_hidden_states": _NO_HIDDEN,

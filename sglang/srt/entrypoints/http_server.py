@@ -338,7 +338,7 @@ _TOP_LEVEL_LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_
 
 
 # the /generate body's keys read by native_requests; upstream's others are in GENERATE_REFUSED
-NATIVE_FIELDS = ("text", "input_ids", "image_data", "sampling_params", "stream", "rid", "priority",
+NATIVE_FIELDS = ("text", "input_ids", "image_data", "video_data", "sampling_params", "stream", "rid", "priority",
                  "mm_processor_kwargs", "images_config", "require_reasoning", *_TOP_LEVEL_LOGPROB_KEYS)
 
 
@@ -369,6 +369,7 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             raise GenerateError(f"a batch of {n} prompts needs image_data as a list of {n} entries")
     else:
         per_images = [images]
+    per_videos = _per_prompt_videos(data.get("video_data"), batch, n)
     params = data.get("sampling_params")
     per_params = params if isinstance(params, list) else [params] * n
     if len(per_params) != n:
@@ -397,6 +398,7 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             text=prompt if text is not None else None,
             input_ids=prompt if input_ids is not None else None,
             image_data=[] if img is None else list(img) if isinstance(img, list) else [img],
+            video_data=per_videos[i],
             sampling_params=per_params[i] if per_params[i] is not None else {},
             stream=stream,
             rid=rids[i],
@@ -411,6 +413,21 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
     except ValueError as e:
         raise GenerateError(str(e)) from None
     return expanded, batch or len(expanded) > len(objs)
+
+
+def _per_prompt_videos(videos: Any, batch: bool, n: int) -> list[list[Any]]:
+    """/generate's video_data -> the video list of each prompt. One prompt: a video (string or bytes) or
+    a list of videos, each a string or a list of frames. A batch: one such entry per prompt."""
+    def one(v: Any) -> list[Any]:
+        return [] if v is None else list(v) if isinstance(v, list) else [v]
+
+    if not batch:
+        return [one(videos)]
+    if videos is None:
+        return [[] for _ in range(n)]
+    if not isinstance(videos, list) or len(videos) != n:
+        raise GenerateError(f"a batch of {n} prompts needs video_data as a list of {n} entries")
+    return [one(v) for v in videos]
 
 
 # ----------------------------------------------------------------------------- process entry

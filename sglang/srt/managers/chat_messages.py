@@ -1,8 +1,9 @@
-"""Chat messages (OpenAI style) -> messages the chat template renders, plus their images in order.
+"""Chat messages (OpenAI style) -> messages the chat template renders, plus their images and videos in order.
 
 Image parts become `{"type": "image"}` (the Qwen templates render each as
 `<|vision_start|><|image_pad|><|vision_end|>`) and their sources are collected in prompt order, so the
-i-th placeholder of the rendered prompt belongs to the i-th image.
+i-th placeholder of the rendered prompt belongs to the i-th image; video parts (`video_url`, `video`)
+likewise become `{"type": "video"}` (`<|video_pad|>`) with their own list.
 
 An assistant message's `tool_calls` reach the template with their `function.arguments` as objects
 (OpenAI sends JSON text; the Qwen templates write the object out with `tojson`); `tool` messages
@@ -18,12 +19,22 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def split_chat_images(messages: Any) -> tuple[list[dict[str, Any]], list[Any]]:
-    """Returns `(template_messages, image_sources)`. A source is None for a bare `{"type": "image"}`
-    part, whose image the caller supplies separately (`image_data`). Raises ValueError naming the problem."""
+    """`split_chat_media` for callers that take no videos: a video part is a ValueError naming it."""
+    out, images, videos = split_chat_media(messages)
+    if videos:
+        raise ValueError("video parts are not accepted here")
+    return out, images
+
+
+def split_chat_media(messages: Any) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    """Returns `(template_messages, image_sources, video_sources)`. A source is None for a bare
+    `{"type": "image"}` / `{"type": "video"}` part, whose media the caller supplies separately
+    (`image_data` / `video_data`). Raises ValueError naming the problem."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out: list[dict[str, Any]] = []
     images: list[Any] = []
+    videos: list[Any] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
@@ -33,7 +44,7 @@ def split_chat_images(messages: Any) -> tuple[list[dict[str, Any]], list[Any]]:
         content = msg.get("content")
         new = dict(msg)
         if isinstance(content, list):
-            new["content"] = [_convert_part(part, i, j, images) for j, part in enumerate(content)]
+            new["content"] = [_convert_part(part, i, j, images, videos) for j, part in enumerate(content)]
         elif content is not None and not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string or a list of content parts")
         if msg.get("tool_calls") is not None:
@@ -42,7 +53,7 @@ def split_chat_images(messages: Any) -> tuple[list[dict[str, Any]], list[Any]]:
             new["tool_calls"] = [_template_tool_call(call, f"messages[{i}].tool_calls[{j}]")
                                  for j, call in enumerate(_list(msg["tool_calls"], f"messages[{i}].tool_calls"))]
         out.append(new)
-    return out, images
+    return out, images, videos
 
 
 def _list(value: Any, where: str) -> list:
@@ -64,7 +75,7 @@ def _template_tool_call(call: Any, where: str) -> dict[str, Any]:
     return {**call, "function": {**fn, "arguments": {} if args is None else args}}
 
 
-def _convert_part(part: Any, i: int, j: int, images: list[Any]) -> dict[str, Any]:
+def _convert_part(part: Any, i: int, j: int, images: list[Any], videos: list[Any]) -> dict[str, Any]:
     where = f"messages[{i}].content[{j}]"
     if not isinstance(part, dict):
         raise ValueError(f"{where} must be an object with a 'type'")
@@ -84,4 +95,15 @@ def _convert_part(part: Any, i: int, j: int, images: list[Any]) -> dict[str, Any
     if ptype == "image":
         images.append(part.get("image"))
         return {"type": "image"}
-    raise ValueError(f"{where}: unsupported content part type {ptype!r}; supported: text, image_url, image")
+    if ptype == "video_url":
+        ref = part.get("video_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"{where}: a video_url part needs video_url.url (a data URL, http(s) URL or file path)")
+        videos.append(url)
+        return {"type": "video"}
+    if ptype == "video":
+        videos.append(part.get("video"))
+        return {"type": "video"}
+    raise ValueError(f"{where}: unsupported content part type {ptype!r}; supported: text, image_url, image, "
+                     "video_url, video")

@@ -28,6 +28,9 @@ class GenerateReqInput:
     input_ids: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
     image_data: list[Any] = field(default_factory=list)
+    # videos for `{"type": "video"}` parts or `<|video_pad|>` placeholders, in prompt order: bytes, base64,
+    # data URLs, http(s) URLs, allowed local paths, or a list of frames (any image input each)
+    video_data: list[Any] = field(default_factory=list)
     sampling_params: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     rid: str | None = None

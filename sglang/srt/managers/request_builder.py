@@ -14,10 +14,10 @@ import pickle
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sglang.srt.managers.chat_messages import split_chat_images
+from sglang.srt.managers.chat_messages import split_chat_media
 from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.environ import envs
@@ -25,6 +25,7 @@ from sglang.srt.multimodal.deferred_decode import deferred_decode_enabled
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
+from sglang.srt.multimodal.video_io import VideoLimits
 from sglang.srt.multimodal.transport.cuda_ipc import make_sender, release_unsent
 from sglang.srt.parser.reasoning_parser import prompt_opens_reasoning, reasoning_format
 from sglang.srt.multimodal.transport.shm import (
@@ -55,6 +56,8 @@ class CheckedRequest:
     explicit_max_new: bool = False  # the client named max_new_tokens: too large for the KV cache is a 400
     priority: int = 0
     image_config: Any = None  # the request's own image processor config (mm_processor_kwargs); None: the server's
+    videos: list[Any] = field(default_factory=list)
+    video_config: Any = None  # the request's own video processor config (mm_processor_kwargs); None: the server's
 
 
 class RequestBuilder:
@@ -87,6 +90,7 @@ class RequestBuilder:
                 model_path, self.tokenizer, allowed_local_media_path=server_args.allowed_local_media_path
             )
             self.processor.deferred_jpeg = deferred_decode_enabled(server_args.resolved_device())  # gpu-jpeg-decode
+            self.processor.video_limits = VideoLimits(max_duration_s=envs.SGLANG_VIDEO_MAX_SECONDS.get())
         self.fetcher = MediaFetcher(server_args.media_fetch_timeout, server_args.media_max_bytes,
                                     HostPolicy(tuple(server_args.allowed_media_domains or ()),
                                                server_args.allow_private_media_urls))
@@ -94,6 +98,8 @@ class RequestBuilder:
         self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
         self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
+        if self.processor is not None:
+            self.processor.tokenizer_lock = self._tokenizer_lock  # it tokenizes video timestamps
         # shared-memory transport: pixels go to /dev/shm here; the request carries pointers only
         self.shm_prefix = segment_prefix(server_args.port) if use_shm_transport(server_args) else None
         self.unsent_shm: dict[str, tuple[list[str], float]] = {}  # rid -> (segment names, time built)
@@ -139,38 +145,51 @@ class RequestBuilder:
         if bad is not None:
             raise GenerateError(f"logit_bias names token id {bad} outside the vocabulary [0, {self.vocab_size})")
         images = list(obj.image_data or [])
+        videos = list(obj.video_data or [])
         messages = None
         if obj.messages is not None:
             try:
-                messages, sources = split_chat_images(obj.messages)
+                messages, sources, video_sources = split_chat_media(obj.messages)
             except ValueError as e:
                 raise GenerateError(str(e)) from None
             images = merge_image_sources(sources, images)
+            videos = merge_image_sources(video_sources, videos, "video")
         limit = self.server_args.limit_mm_per_prompt
         if len(images) > limit:
             raise GenerateError(f"too many images: {len(images)} given, at most {limit} per prompt (--limit-mm-per-prompt)")
-        if images and self.processor is None:
-            raise GenerateError(f"model {self.model_path} does not accept images")
+        vlimit = self.server_args.limit_mm_video_per_prompt
+        if len(videos) > vlimit:
+            raise GenerateError(f"too many videos: {len(videos)} given, at most {vlimit} per prompt "
+                                "(--limit-mm-per-prompt / --limit-mm-data-per-request '{\"video\": M}')")
+        if (images or videos) and self.processor is None:
+            raise GenerateError(f"model {self.model_path} does not accept {'images' if images else 'videos'}")
         if self.server_args.allowed_local_media_path is None:
-            for i, src in enumerate(images):
-                if isinstance(src, str) and is_local_path_source(src):
-                    raise GenerateError(
-                        f"image {i} ({src[:100]!r}) is not a data URL, an http(s) URL or valid base64 image data, "
-                        "and local image files are disabled (start the server with --allowed-local-media-path DIR)"
-                    )
+            self._refuse_local_paths(images, "image")
+            self._refuse_local_paths(videos, "video")
         explicit = isinstance(obj.sampling_params, dict) and obj.sampling_params.get("max_new_tokens") is not None
+        image_cfg, video_cfg = self._media_config(obj)
         return CheckedRequest(rid, obj, messages, images, sampling, to_context, explicit,
-                              check_priority(obj.priority, self.server_args), self._image_config(obj))
+                              check_priority(obj.priority, self.server_args), image_cfg, videos, video_cfg)
 
-    def _image_config(self, obj: GenerateReqInput):
-        """The request's image processor settings as a config of its own, or a 400 naming what cannot be
-        honoured; never ignored, images or not."""
+    @staticmethod
+    def _refuse_local_paths(sources: list[Any], kind: str) -> None:
+        for i, src in enumerate(sources):
+            for s in (src if kind == "video" and isinstance(src, (list, tuple)) else [src]):  # frames of a video
+                if isinstance(s, str) and is_local_path_source(s):
+                    raise GenerateError(
+                        f"{kind} {i} ({s[:100]!r}) is not a data URL, an http(s) URL or valid base64 {kind} data, "
+                        f"and local {kind} files are disabled (start the server with --allowed-local-media-path DIR)"
+                    )
+
+    def _media_config(self, obj: GenerateReqInput):
+        """The request's image and video processor settings as configs of their own, or a 400 naming what
+        cannot be honoured; never ignored, images or not."""
         if obj.mm_processor_kwargs is None:
-            return None
-        if self.processor is None or not hasattr(self.processor, "image_config"):
+            return None, None
+        if self.processor is None or not hasattr(self.processor, "media_config"):
             raise GenerateError(f"{obj.mm_kwargs_name} is not supported: model {self.model_path} does not accept images")
         try:
-            return self.processor.image_config(obj.mm_processor_kwargs, obj.mm_kwargs_name)
+            return self.processor.media_config(obj.mm_processor_kwargs, obj.mm_kwargs_name)
         except ValueError as e:
             raise GenerateError(str(e)) from None
 
@@ -190,9 +209,12 @@ class RequestBuilder:
             if self.processor is not None:
                 with self.stage_timer.measure(timings, "processor"):
                     images = list(self.image_pool.map(self._fetch_if_url, req.images)) if req.images else []
+                    videos = list(self.image_pool.map(self._fetch_if_url, req.videos)) if req.videos else []
                     extra = {"image_config": req.image_config} if req.image_config is not None else {}
+                    if videos or req.video_config is not None:
+                        extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)
                     ids, mm = self.processor.process(ids, images, executor=self.image_pool, **extra)
-                mm_inputs = mm if images else None
+                mm_inputs = mm if images or videos else None
                 if mm_inputs is not None and self.precompute_hash:
                     # Still in the worker thread: the items hash in parallel on the image pool and
                     # are pickled with their hash and pad value; the scheduler only checks.
@@ -360,12 +382,12 @@ def check_priority(priority: Any, server_args: ServerArgs) -> int:
     return priority
 
 
-def merge_image_sources(sources: list[Any], image_data: list[Any]) -> list[Any]:
-    """Fills the message image parts without a source (None) from image_data, in order."""
+def merge_image_sources(sources: list[Any], image_data: list[Any], kind: str = "image") -> list[Any]:
+    """Fills the message image (or video) parts without a source (None) from image_data (video_data), in order."""
     n_open = sum(s is None for s in sources)
     if n_open != len(image_data):
         raise GenerateError(
-            f"the messages have {n_open} image part(s) without a source but {len(image_data)} image_data "
+            f"the messages have {n_open} {kind} part(s) without a source but {len(image_data)} {kind}_data "
             "entries were given"
         )
     supplied = iter(image_data)

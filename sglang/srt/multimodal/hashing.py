@@ -67,13 +67,13 @@ def sha256_feature_hash(feature) -> int:
     return int.from_bytes(hashlib.sha256(_as_bytes_view(feature)).digest()[:8], "little")
 
 
-def _header(feature, grid_thw) -> bytes:
+def _header(feature, grid_thw, salt: str = "") -> bytes:
     shape = tuple(int(s) for s in getattr(feature, "shape", np.shape(feature)))
     grid = tuple(int(g) for g in grid_thw) if grid_thw is not None else ()
-    return f"{_dtype_name(feature)}|{shape}|{grid}|".encode()
+    return f"{salt}{_dtype_name(feature)}|{shape}|{grid}|".encode()
 
 
-def feature_hash(feature, algo: str = DEFAULT_HASH_ALGO, grid_thw=None) -> int:
+def feature_hash(feature, algo: str = DEFAULT_HASH_ALGO, grid_thw=None, salt: str = "") -> int:
     """Content hash of one item's feature as a non-negative int (64 bits for sha256, 128 otherwise).
 
     Pure and thread-safe; xxhash and blake3 release the GIL while they digest the buffer."""
@@ -85,13 +85,13 @@ def feature_hash(feature, algo: str = DEFAULT_HASH_ALGO, grid_thw=None) -> int:
     if algo == "xxh3_128":
         import xxhash
 
-        h = xxhash.xxh3_128(_header(feature, grid_thw))
+        h = xxhash.xxh3_128(_header(feature, grid_thw, salt))
         h.update(view)
         return h.intdigest()
     if algo == "blake3":
         import blake3
 
-        h = blake3.blake3(_header(feature, grid_thw))
+        h = blake3.blake3(_header(feature, grid_thw, salt))
         h.update(view)
         return int.from_bytes(h.digest(16), "little")
     raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
@@ -124,7 +124,16 @@ def encoded_image_hash(enc: EncodedImage, algo: str = DEFAULT_HASH_ALGO) -> int:
 
 
 def item_hash(item, algo: str = DEFAULT_HASH_ALGO) -> int:
-    return feature_hash(item.feature, algo, getattr(item, "image_grid_thw", None))
+    return feature_hash(item.feature, algo, getattr(item, "image_grid_thw", None), video_salt(item))
+
+
+def video_salt(item) -> str:
+    """A video's hash also covers its time step (Qwen2.5-VL's second_per_grid_t): the same frames
+    sampled at another rate get other M-RoPE positions, so their KV must not be shared. Images: ""."""
+    extra = getattr(item, "model_specific_data", None) or {}
+    if "second_per_grid_t" not in extra:
+        return ""
+    return f"video|{float(extra['second_per_grid_t'])!r}|"
 
 
 def pad_value_from_hash(h: int) -> int:

@@ -77,7 +77,7 @@ GENERATE: dict[str, Any] = {
     "sampling_params": {"temperature": 0.5}, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
     "token_ids_logprob": [1], "return_text_in_logprobs": True, "stream": True, "log_metrics": False,
     "return_hidden_states": True, "return_routed_experts": True, "return_indexer_topk": True,
-    "routed_experts_start_len": 3, "modalities": ["video"], "session_params": {"id": "s"}, "lora_path": "adapter",
+    "routed_experts_start_len": 3, "modalities": ["audio"], "session_params": {"id": "s"}, "lora_path": "adapter",
     "lora_id": "x", "custom_logit_processor": "p", "positional_embed_overrides": [1], "bootstrap_host": "h",
     "bootstrap_port": 1, "bootstrap_room": 1, "bootstrap_pair_key": "k", "decode_tp_size": 2,
     "require_reasoning": True, "routed_dp_rank": 0, "disagg_prefill_dp_rank": 0, "data_parallel_rank": 0,

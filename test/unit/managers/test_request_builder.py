@@ -37,6 +37,7 @@ def test_split_chat_images_keeps_order_and_renders_image_parts():
     ([{"role": "wizard", "content": "x"}], "role"),
     ([{"role": "user", "content": 5}], "content"),
     ([{"role": "user", "content": [{"type": "video_url"}]}], "video_url"),
+    ([{"role": "user", "content": [{"type": "audio_url"}]}], "audio_url"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "image_url.url"),
 ])
 def test_split_chat_images_names_the_problem(msgs, match):

@@ -59,7 +59,8 @@ def test_a_requests_max_pixels_shrinks_its_images_and_only_its_own(build):
     (_req(mm_processor_kwargs={"max_pixels": 128 * 128, "do_resize": False}, mm_kwargs_name="images_config"),
      "images_config.do_resize is not supported"),
     (_req(mm_processor_kwargs={"min_pixels": -1}), "mm_processor_kwargs.min_pixels must be a positive integer"),
-    (GenerateReqInput(text="no images here", mm_processor_kwargs={"fps": 1}), "mm_processor_kwargs.fps is not supported"),
+    (GenerateReqInput(text="no images here", mm_processor_kwargs={"num_crops": 1}), "mm_processor_kwargs.num_crops is not supported"),
+    (GenerateReqInput(text="no images here", mm_processor_kwargs={"fps": 0}), "mm_processor_kwargs.fps must be"),
     (_req(priority=3), "priority is not honoured by this server: start it with --enable-priority-scheduling"),
 ])
 def test_what_cannot_be_honoured_is_a_400_naming_it(build, obj, phrase):

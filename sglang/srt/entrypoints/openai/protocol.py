@@ -46,7 +46,16 @@ class ImageURLPart(_Tolerant):
     image_url: ImageURL | str
 
 
-ContentPart = Annotated[Union[TextPart, ImageURLPart], Field(discriminator="type")]
+class VideoURL(_Tolerant):
+    url: str
+
+
+class VideoURLPart(_Tolerant):
+    type: Literal["video_url"]
+    video_url: VideoURL | str
+
+
+ContentPart = Annotated[Union[TextPart, ImageURLPart, VideoURLPart], Field(discriminator="type")]
 
 
 class ChatMessage(_Tolerant):
