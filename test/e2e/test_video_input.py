@@ -33,7 +33,8 @@ def video_server(launch_server, tmp_path_factory):
     media = tmp_path_factory.mktemp("videos")
     (media / "a.mp4").write_bytes(clip("a"))
     s = launch_server("--chunked-prefill-size", "16", "--limit-mm-per-prompt", '{"image": 3, "video": 2}',
-                      "--allowed-local-media-path", str(media), "--allowed-media-domains", "127.0.0.1")
+                      "--allowed-local-media-path", str(media), "--allowed-media-domains", "127.0.0.1",
+                      "--enable-vlm-stage-timer", "--enable-metrics")
     s.media = media
     return s
 
@@ -137,6 +138,25 @@ def test_generate_takes_video_data_and_frames(video_server, hf_ref):
     assert r.json()["meta_info"]["prompt_tokens"] == len(expected)
 
 
+def test_chunked_video_is_encoded_once_and_timed(video_server):
+    """A video spanning many 16-token chunks goes through the ViT once (the per-item cache keeps its rows
+    across chunks); the stage timer reports its decode and preprocess; /metrics counts video items."""
+    text = "Look: <|vision_start|><|video_pad|><|vision_end|> now."
+    r = requests.post(video_server.url + "/generate", timeout=120, json={
+        "text": text, "video_data": base64.b64encode(make_clip(96, 64, 10, 2.0, seed=77)).decode(),  # unseen
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    assert meta["prompt_tokens"] > 2 * 16  # the video crosses chunk boundaries
+    assert meta["vit_encoded_images"] == 1
+    assert meta["stage_timings_ms"]["video_decode"] > 0 and meta["stage_timings_ms"]["video_preprocess"] > 0
+    metrics = requests.get(video_server.url + "/metrics", timeout=10).text
+    line = next(ln for ln in metrics.splitlines() if ln.startswith("sglang:mm_items_total") and 'modality="video"' in ln)
+    assert float(line.rsplit(" ", 1)[1]) >= 1
+    frames = next(ln for ln in metrics.splitlines() if ln.startswith("sglang:video_frames_total"))
+    assert float(frames.rsplit(" ", 1)[1]) >= 4
+
+
 def test_same_video_is_a_prefix_cache_hit(oai, hf_ref):
     messages, *_ = build([("video", "c"), ("text", "cache me")])
     first = oai.chat.completions.create(model="m", messages=messages, max_tokens=2, temperature=0)
@@ -216,3 +236,18 @@ def test_bar_clip_frames_reach_the_model_unchanged_in_order():
     ref = bar_frames(w, h, int(fps * sec), seed)
     cols = lambda fr: [int(np.argmax(f.astype(np.int32).sum(axis=(0, 2)))) for f in fr]  # noqa: E731
     assert all(abs(a - b) <= 2 for a, b in zip(cols(got), cols(ref)))
+
+
+@pytest.mark.slow
+def test_tp2_answers_like_tp1(launch_server, oai):
+    """--tp-size 2 (gloo on CPU) gives the same greedy answers to video prompts as the TP=1 server."""
+    import openai
+
+    tp2 = launch_server("--tp-size", "2", "--chunked-prefill-size", "16")
+    oai2 = openai.OpenAI(base_url=tp2.url + "/v1", api_key="none", max_retries=0, timeout=180)
+    for case in ("video_and_images", "two_videos"):
+        messages, *_ = build(CASES[case])
+        a = oai.chat.completions.create(model="m", messages=messages, max_tokens=MAX_NEW, temperature=0)
+        b = oai2.chat.completions.create(model="m", messages=messages, max_tokens=MAX_NEW, temperature=0)
+        assert (b.choices[0].message.content, b.usage.prompt_tokens) == (a.choices[0].message.content,
+                                                                          a.usage.prompt_tokens), case

@@ -215,6 +215,12 @@ class RequestBuilder:
                         extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)
                     ids, mm = self.processor.process(ids, images, executor=self.image_pool, **extra)
                 mm_inputs = mm if images or videos else None
+                if videos and self.stage_timer.enabled:
+                    for item in mm.mm_items:
+                        for stage in ("video_decode", "video_preprocess"):
+                            ms = item.model_specific_data.get(stage.replace("video_", "") + "_ms")
+                            if ms is not None:
+                                self.stage_timer.add(timings, stage, ms)
                 if mm_inputs is not None and self.precompute_hash:
                     # Still in the worker thread: the items hash in parallel on the image pool and
                     # are pickled with their hash and pad value; the scheduler only checks.

@@ -309,7 +309,10 @@ class TokenizerManager:
             if self.stage_timer.enabled:
                 if tokenized.send_time:
                     self.stage_timer.add(state.stage_timings, "send", (time.time() - tokenized.send_time) * 1e3)
-                self.stage_timer.emit(rid, {**tokenized.stage_timings_ms, **state.stage_timings}, ("processor", "send"))
+                self.stage_timer.emit(rid, {**tokenized.stage_timings_ms, **state.stage_timings},
+                                      ("processor", "video_decode", "video_preprocess", "send"))
+            if self.metrics is not None and tokenized.mm_inputs is not None:
+                self.metrics.observe_mm_items(tokenized.mm_inputs.mm_items)
             while True:
                 await state.event.wait()
                 state.event.clear()

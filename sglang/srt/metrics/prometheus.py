@@ -103,6 +103,9 @@ class ServingMetrics:
         self.generation_tokens = Counter("sglang:generation_tokens_total", "Generated tokens of finished requests.", lab)
         self.cached_tokens = Counter("sglang:cached_tokens_total", "Prompt tokens served from the prefix cache.", lab)
         self.requests = Counter("sglang:num_requests_total", "Finished requests by finish reason.", ("model_name", "finish_reason"))
+        self.mm_items = Counter("sglang:mm_items_total", "Images and videos sent to the model, by modality.",
+                                ("model_name", "modality"))
+        self.video_frames = Counter("sglang:video_frames_total", "Frames sampled from videos sent to the model.", lab)
         self.running = Gauge("sglang:num_running_reqs", "Requests prefilling or decoding.", lab)
         self.queued = Gauge("sglang:num_queue_reqs", "Requests waiting for admission.", lab)
         self.cache_hit_rate = Gauge("sglang:cache_hit_rate", "Cached prompt tokens / prompt tokens, since start.", lab)
@@ -131,6 +134,13 @@ class ServingMetrics:
         for stage, ms in (meta.get("stage_timings_ms") or {}).items():
             self.stage.observe(ms / 1e3, m, stage)
 
+    def observe_mm_items(self, items) -> None:
+        for item in items:
+            self.mm_items.inc(1, self.model_name, item.modality.value)
+            frames = item.model_specific_data.get("num_frames")
+            if frames:
+                self.video_frames.inc(frames, self.model_name)
+
     def update_scheduler_state(self, info: dict) -> None:
         m = self.model_name
         self.running.set(info.get("num_running_reqs", 0), m)
@@ -152,7 +162,7 @@ class ServingMetrics:
     def render(self) -> str:
         lines: list[str] = []
         for metric in (self.ttft, self.itl, self.e2e, self.stage, self.prompt_tokens, self.generation_tokens,
-                       self.cached_tokens, self.requests, self.running, self.queued, self.cache_hit_rate, self.kv_usage):
+                       self.cached_tokens, self.requests, self.mm_items, self.video_frames, self.running, self.queued, self.cache_hit_rate, self.kv_usage):
             lines += metric.render()
         for metric in (self.replica_running, self.replica_queued, self.replica_kv_usage):
             if metric._values:  # only with data-parallel replicas

@@ -2,6 +2,8 @@
 
 Stages, in pipeline order (ms each):
   processor    image fetch/decode/resize/normalize and placeholder expansion (tokenizer process)
+  video_decode      demuxing and decoding the sampled frames of the request's videos, summed (part of processor)
+  video_preprocess  resizing, normalizing and patchifying those frames, summed (part of processor)
   hash         image content hashing (wherever it runs: scheduler in the baseline)
   send         pickling the request and handing it to ZMQ (tokenizer process)
   recv         from the start of `send` until the scheduler holds the request (transfer + unpickle)
@@ -25,7 +27,7 @@ import time
 from contextlib import contextmanager
 
 STAGES = (
-    "processor", "hash", "send", "recv", "broadcast", "vit_encode", "embed_merge", "llm_prefill", "first_token",
+    "processor", "video_decode", "video_preprocess", "hash", "send", "recv", "broadcast", "vit_encode", "embed_merge", "llm_prefill", "first_token",
     "decode",
 )
 

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -327,6 +328,8 @@ class ProcessedVideo:
     timestamps: list[float]  # seconds of each temporal patch (Qwen3-VL's prompt text)
     second_per_grid_t: float  # Qwen2.5-VL's M-RoPE time step
     num_frames: int  # sampled frames (before the pair padding)
+    decode_ms: float = 0.0  # fetch-free wall time of demuxing + decoding the sampled frames
+    preprocess_ms: float = 0.0  # resize, normalize, patchify
 
 
 def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_local_media_path: str | None = None,
@@ -335,14 +338,17 @@ def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_lo
     list of frames was taken at (a request's fps), since frames carry none."""
     from sglang.srt.multimodal.video_io import VideoLimits, is_frame_list, load_video
 
+    t0 = time.perf_counter()
     video = load_video(source, cfg.sample_indices, allowed_local_media_path=allowed_local_media_path,
                        limits=limits or VideoLimits(), fetcher=fetcher)
     fps = video.fps
     if is_frame_list(source) and fps_override is not None:
         fps = fps_override
+    t1 = time.perf_counter()
     pixel_values, grid = cfg.process(video.frames)
     return ProcessedVideo(pixel_values, grid, cfg.timestamps(video.indices, fps),
-                          cfg.second_per_grid_t(len(video.indices), video.total_frames, fps), len(video.indices))
+                          cfg.second_per_grid_t(len(video.indices), video.total_frames, fps), len(video.indices),
+                          (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
 
 
 def expand_video(pv: ProcessedVideo, out_ids: list[int], merge: int, video_token_id: int, vision_start_id: int,
@@ -366,7 +372,8 @@ def expand_video(pv: ProcessedVideo, out_ids: list[int], merge: int, video_token
         out_ids.extend([video_token_id] * (t * per_group))
     return MultimodalDataItem(modality=Modality.VIDEO, feature=pv.pixel_values, image_grid_thw=(int(t), int(gh), int(gw)),
                               offsets=offsets, spatial_merge_size=merge,
-                              model_specific_data={"second_per_grid_t": pv.second_per_grid_t, "num_frames": pv.num_frames})
+                              model_specific_data={"second_per_grid_t": pv.second_per_grid_t, "num_frames": pv.num_frames,
+                                                   "decode_ms": pv.decode_ms, "preprocess_ms": pv.preprocess_ms})
 
 
 __all__ = ["ProcessedVideo", "expand_video", "QwenVLVideoProcessor", "load_and_process_video", "REQUEST_VIDEO_KEYS", "UNKNOWN_FPS", "family_of", "qwen3_video_smart_resize"]
