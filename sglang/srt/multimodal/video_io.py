@@ -54,6 +54,15 @@ class DecodedVideo:
     total_frames: int  # frames in the stream (or given)
 
 
+@dataclass(frozen=True)
+class RawVideo:
+    """Every frame of a clip already decoded, with its frame rate (`sglang.Engine` callers and tests):
+    sampled like a file, without PyAV."""
+
+    frames: np.ndarray  # (T, H, W, 3) uint8
+    fps: float | None = None
+
+
 def is_frame_list(source: Any) -> bool:
     return isinstance(source, (list, tuple))
 
@@ -247,6 +256,12 @@ def frames_from_images(frames: Sequence[Any], *,
 def load_video(source: Any, sampler: FrameSampler, *, allowed_local_media_path: str | None = None,
                limits: VideoLimits = VideoLimits(), fetcher: Callable[[str], bytes] | None = None) -> DecodedVideo:
     """Any video source: a list of frames, or an encoded file (http(s) URLs through `fetcher`)."""
+    if isinstance(source, RawVideo):
+        frames = np.asarray(source.frames)
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or not len(frames):
+            raise VideoLoadError(f"a RawVideo needs (T, H, W, 3) uint8 frames, got {frames.shape} {frames.dtype}")
+        indices = np.asarray(sampler(len(frames), source.fps), dtype=np.int64)
+        return DecodedVideo(frames[indices], indices, source.fps, len(frames))
     if is_frame_list(source):
         return frames_from_images(source, allowed_local_media_path=allowed_local_media_path, limits=limits,
                                   fetcher=fetcher)
@@ -258,5 +273,5 @@ def load_video(source: Any, sampler: FrameSampler, *, allowed_local_media_path: 
     return decode_video(video_bytes(source, allowed_local_media_path), sampler, limits)
 
 
-__all__ = ["DecodedVideo", "FrameSampler", "VideoLimits", "VideoLoadError", "decode_video", "frames_from_images",
+__all__ = ["DecodedVideo", "FrameSampler", "RawVideo", "VideoLimits", "VideoLoadError", "decode_video", "frames_from_images",
            "is_frame_list", "load_video", "video_bytes"]

@@ -126,3 +126,17 @@ def test_local_files_outside_the_allowed_root_are_refused(tmp_path):
         load_video("data:image/png;base64,AAAA", ALL)
     with pytest.raises(VideoLoadError, match="http"):
         load_video("https://example.com/a.mp4", ALL)
+
+
+def test_raw_video_is_sampled_like_a_file():
+    """A decoded clip with its rate (RawVideo) takes the same frames a file of those frames would."""
+    from sglang.srt.multimodal.video_io import RawVideo
+
+    cfg = QwenVLVideoProcessor.defaults("qwen2")
+    frames = bar_frames(66, 44, 30)
+    raw = load_video(RawVideo(frames, 25.0), cfg.sample_indices)
+    enc = decode_video(make_clip(66, 44, 25, 1.2, "avi"), cfg.sample_indices)
+    assert raw.indices.tolist() == enc.indices.tolist() and raw.fps == enc.fps == 25.0
+    assert np.array_equal(raw.frames, frames[raw.indices])
+    with pytest.raises(VideoLoadError, match="uint8"):
+        load_video(RawVideo(frames.astype(np.float32), 25.0), ALL)

@@ -351,6 +351,27 @@ def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_lo
                           (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
 
 
+def request_media_configs(image_processor, video_processor: QwenVLVideoProcessor, kwargs: Mapping[str, Any] | None,
+                          name: str = "mm_processor_kwargs"):
+    """(image config, video config) of a request giving `kwargs` in its field `name`: max_pixels and
+    min_pixels for images and video frames, fps / num_frames / min_frames / max_frames for videos.
+    Raises MultimodalInputError naming a key or value it cannot honour."""
+    from sglang.srt.multimodal.processors.image_options import request_image_config
+
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise MultimodalInputError(f"{name} must be an object, got {type(kwargs).__name__}")
+    kwargs = dict(kwargs or {})
+    video_only = {k: kwargs.pop(k) for k in REQUEST_VIDEO_KEYS if k in kwargs}
+    try:
+        image_cfg = request_image_config(image_processor, kwargs, name)
+    except MultimodalInputError as e:
+        if "is not supported" in str(e):
+            keys = ", ".join(("max_pixels", "min_pixels") + REQUEST_VIDEO_KEYS)
+            raise MultimodalInputError(f"{str(e).split(':')[0]}: this server takes {keys}") from None
+        raise
+    return image_cfg, video_processor.for_request({**kwargs, **video_only}, name)
+
+
 def expand_video(pv: ProcessedVideo, out_ids: list[int], merge: int, video_token_id: int, vision_start_id: int,
                  vision_end_id: int, timestamp_ids: Callable[[float], list[int]] | None) -> MultimodalDataItem:
     """Appends one video's placeholder tokens to `out_ids` and returns its item. With `timestamp_ids`
@@ -376,4 +397,4 @@ def expand_video(pv: ProcessedVideo, out_ids: list[int], merge: int, video_token
                                                    "decode_ms": pv.decode_ms, "preprocess_ms": pv.preprocess_ms})
 
 
-__all__ = ["ProcessedVideo", "expand_video", "QwenVLVideoProcessor", "load_and_process_video", "REQUEST_VIDEO_KEYS", "UNKNOWN_FPS", "family_of", "qwen3_video_smart_resize"]
+__all__ = ["ProcessedVideo", "expand_video", "request_media_configs", "QwenVLVideoProcessor", "load_and_process_video", "REQUEST_VIDEO_KEYS", "UNKNOWN_FPS", "family_of", "qwen3_video_smart_resize"]

@@ -61,12 +61,12 @@ from sglang.srt.multimodal.processors.base import (
 )
 from sglang.srt.multimodal.processors.image_options import apply_server_overrides, request_image_config
 from sglang.srt.multimodal.processors.qwen_video import (
-    REQUEST_VIDEO_KEYS,
     ProcessedVideo,
     QwenVLVideoProcessor,
     expand_video,
     family_of,
     load_and_process_video,
+    request_media_configs,
 )
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -456,22 +456,9 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         return request_image_config(self.image_processor, kwargs, name)
 
     def media_config(self, kwargs: Mapping[str, Any] | None, name: str = "mm_processor_kwargs"):
-        """(image config, video config) of a request giving `kwargs` in its field `name`: max_pixels and
-        min_pixels for images and video frames, fps / num_frames / min_frames / max_frames for videos.
-        Raises MultimodalInputError naming a key or value it cannot honour."""
-        if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise MultimodalInputError(f"{name} must be an object, got {type(kwargs).__name__}")
-        kwargs = dict(kwargs or {})
-        video_only = {k: kwargs.pop(k) for k in REQUEST_VIDEO_KEYS if k in kwargs}
-        try:
-            image_cfg = request_image_config(self.image_processor, kwargs, name)
-        except MultimodalInputError as e:
-            if "is not supported" in str(e):
-                keys = ", ".join(("max_pixels", "min_pixels") + REQUEST_VIDEO_KEYS)
-                raise MultimodalInputError(f"{str(e).split(':')[0]}: this server takes {keys}") from None
-            raise
-        video_cfg = self.video_processor.for_request({**kwargs, **video_only}, name)
-        return image_cfg, video_cfg
+        """(image config, video config) of a request giving `kwargs` in its field `name` (see
+        `qwen_video.request_media_configs`)."""
+        return request_media_configs(self.image_processor, self.video_processor, kwargs, name)
 
     def load_and_process_image(self, source: ImageInput, cfg: QwenVLImageProcessor | None = None) -> ProcessedImage:
         """Decode + preprocess one image with `cfg` (default: the server's); pure and thread-safe. With
