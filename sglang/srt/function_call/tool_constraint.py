@@ -4,8 +4,9 @@ the chat template's own call blocks,
     <tool_call>\\n{"name": "NAME", "arguments": <the function's parameters schema>}\\n</tool_call>
 
 so the output is one or more calls (exactly one for a named function or `parallel_tool_calls: false`)
-that the qwen25 parser reads back and whose arguments validate against the schema. `auto` and `none`
-constrain nothing."""
+that the qwen25 parser reads back and whose arguments validate against the schema. `none` constrains
+nothing; `auto` neither, unless a function is `strict` (OpenAI's flag): then the text is free until a
+`<tool_call>` begins, and every call that begins is one of these blocks."""
 
 from __future__ import annotations
 
@@ -55,14 +56,28 @@ def chosen_functions(tools: list[Any], tool_choice: Any) -> list[dict[str, Any]]
                           f'{{"type": "function", "function": {{"name": ...}}}}, got {tool_choice!r:.200}')
 
 
-def tool_call_structural_tag(functions: list[dict[str, Any]], one_call: bool) -> str:
-    """The structural tag (JSON text) of one or more calls to `functions` (exactly one if `one_call`)."""
-    tags = [{
+def _call_tags(functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{
         "type": "tag",
         "begin": START + "\n" + '{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": ',
         "content": {"type": "json_schema", "json_schema": fn.get("parameters") or NO_PARAMETERS},
         "end": "}\n" + END,
     } for fn in functions]
-    fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+
+
+def tool_call_structural_tag(functions: list[dict[str, Any]], one_call: bool) -> str:
+    """The structural tag (JSON text) of one or more calls to `functions` (exactly one if `one_call`)."""
+    fmt = {"type": "tags_with_separator", "tags": _call_tags(functions), "separator": "\n", "at_least_one": True,
+           "stop_after_first": one_call}
+    return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
+
+
+def strict_auto_structural_tag(tools: list[Any], one_call: bool) -> str | None:
+    """tool_choice auto with a `strict` function: free text, and every call block that begins is a call
+    to an offered function whose arguments follow its schema (JSON text); None when no function is strict."""
+    fns = [function_of(t, f"tools[{i}]") for i, t in enumerate(tools or [])]
+    if not any(fn.get("strict") for fn in fns):
+        return None
+    fmt = {"type": "triggered_tags", "triggers": [START], "tags": _call_tags(fns), "at_least_one": False,
            "stop_after_first": one_call}
     return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)

@@ -14,7 +14,12 @@ import torch
 
 from sglang.srt.constrained.xgrammar_backend import JsonOptions, XGrammarBackend
 from sglang.srt.function_call.function_call_parser import FunctionCallParser
-from sglang.srt.function_call.tool_constraint import ToolChoiceError, chosen_functions, tool_call_structural_tag
+from sglang.srt.function_call.tool_constraint import (
+    ToolChoiceError,
+    chosen_functions,
+    strict_auto_structural_tag,
+    tool_call_structural_tag,
+)
 
 VOCAB = 151936
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 8},
@@ -90,3 +95,14 @@ def test_choices_that_constrain_nothing_or_are_refused():
         chosen_functions([{"type": "code_interpreter"}], "auto")
     with pytest.raises(ToolChoiceError, match=r"tools\[0\].function needs a non-empty string 'name'"):
         chosen_functions([{"type": "function", "function": {}}], "auto")
+
+
+def test_strict_auto_constrains_only_the_calls_that_begin(backend):
+    assert strict_auto_structural_tag(TOOLS, one_call=False) is None  # no strict function: nothing
+    strict = [{**t, "function": {**t["function"], "strict": True}} if i == 1 else t for i, t in enumerate(TOOLS)]
+    compiled = backend.compile(("structural_tag", strict_auto_structural_tag(strict, one_call=False)))
+    good = 'Let me add. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    assert backend.matcher(compiled).accept_string(good)
+    assert backend.matcher(compiled).accept_string("no call at all")
+    assert not backend.matcher(compiled).accept_string('<tool_call>\n{"name": "add", "arguments": {"a": "x"')
+    assert not backend.matcher(compiled).accept_string('<tool_call>\n{"name": "nope"')

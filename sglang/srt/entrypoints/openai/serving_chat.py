@@ -32,7 +32,12 @@ from sglang.srt.entrypoints.openai.serving_base import (
     usage_of_choices,
 )
 from sglang.srt.function_call.function_call_parser import resolve_tool_call_parser
-from sglang.srt.function_call.tool_constraint import ToolChoiceError, chosen_functions, tool_call_structural_tag
+from sglang.srt.function_call.tool_constraint import (
+    ToolChoiceError,
+    chosen_functions,
+    strict_auto_structural_tag,
+    tool_call_structural_tag,
+)
 from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.parser.reasoning_parser import prompt_opens_reasoning
@@ -91,12 +96,16 @@ class OpenAIServingChat(OpenAIServingBase):
             raise GenerateError("tools are not supported with this model's chat template (it has no <tool_call> "
                                 "format): start the server with --tool-call-parser qwen25 or a Qwen chat template")
         if functions is not None:
+            tag = tool_call_structural_tag(functions, not req.parallel_tool_calls or req.tool_choice != "required")
+            what = f"tool_choice {req.tool_choice!r:.100} constrains the output to tool calls"
+        else:
+            tag = strict_auto_structural_tag(req.tools, not req.parallel_tool_calls)
+            what = "a strict function constrains its calls"
+        if tag is not None:
             given = [k for k in GRAMMAR_KINDS if sampling.get(k) is not None]
             if given:
-                raise GenerateError(f"tool_choice {req.tool_choice!r:.100} constrains the output to tool calls; it "
-                                    f"cannot be combined with another output constraint ({given[0]})")
-            one = not req.parallel_tool_calls or req.tool_choice != "required"
-            sampling["structural_tag"] = tool_call_structural_tag(functions, one)
+                raise GenerateError(f"{what}; it cannot be combined with another output constraint ({given[0]})")
+            sampling["structural_tag"] = tag
         return [t if isinstance(t, dict) else dict(t) for t in req.tools]
 
     def _output_processor(self, req: ChatCompletionRequest, ctx: ResponseContext, i: int) -> ChatOutputProcessor:

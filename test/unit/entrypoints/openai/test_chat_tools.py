@@ -58,6 +58,13 @@ def test_required_and_named_choices_become_the_call_grammar(choice, parallel, na
     assert fmt["tags"][0]["end"] == "}\n</tool_call>"
 
 
+def test_a_strict_function_under_auto_constrains_the_calls_that_begin():
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    fmt = json.loads(convert(serving(), tools=strict).sampling_params["structural_tag"])["format"]
+    assert fmt["type"] == "triggered_tags" and fmt["triggers"] == ["<tool_call>"] and len(fmt["tags"]) == 2
+    assert "cannot be combined" in refusal(serving(), tools=strict, regex="a+")
+
+
 def test_refusals_name_the_field():
     assert "tools are not supported with this model's chat template" in refusal(serving(template="{{ x }}"), tools=TOOLS)
     assert convert(serving("qwen25", template="{{ x }}"), tools=TOOLS).tools == TOOLS  # the flag names the format
