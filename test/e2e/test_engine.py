@@ -125,6 +125,22 @@ def test_bad_input_raises_with_status(engine):
         engine.generate(input_ids=[100] * 1500)
 
 
+def test_priority_and_image_settings_as_on_generate(engine):
+    """Engine.generate takes /generate's priority and image settings: priority without priority
+    scheduling is refused naming it; images_config / mm_processor_kwargs max_pixels shrinks the image's
+    tokens; both at once are refused."""
+    with pytest.raises(GenerateError, match="priority"):
+        engine.generate("hi", sampling_params={"max_new_tokens": 1}, priority=3)
+    messages, _, _ = build_case(CASES["one_image"])
+    full = engine.generate(messages=messages, sampling_params={"max_new_tokens": 1})["meta_info"]
+    for key in ("images_config", "mm_processor_kwargs"):
+        small = engine.generate(messages=messages, sampling_params={"max_new_tokens": 1},
+                                **{key: {"max_pixels": 64 * 64}})["meta_info"]
+        assert small["prompt_tokens"] < full["prompt_tokens"], key
+    with pytest.raises(ValueError, match="not both"):
+        engine.generate(messages=messages, images_config={}, mm_processor_kwargs={})
+
+
 def test_shutdown_leaves_nothing(engine):
     procs, ipc_dir = list(engine._procs), engine._port_args.ipc_dir
     assert all(p.is_alive() for p in procs) and os.path.isdir(ipc_dir)

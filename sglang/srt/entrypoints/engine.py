@@ -250,13 +250,19 @@ class Engine:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         video_data: Any = None,
+        priority: int | list[int] | None = None,
+        images_config: dict | None = None,
+        mm_processor_kwargs: dict | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """`return_logprob`, `logprob_start_len`, `top_logprobs_num`: upstream's keyword arguments; they
         join every request's sampling parameters (meta_info then holds output_token_logprobs, and
         input_token_logprobs from logprob_start_len on). `video_data`: like `image_data` (one prompt: a video
-        or a list of videos, each a URL, path, base64, bytes or a list of frames; a batch: one entry per prompt)."""
+        or a list of videos, each a URL, path, base64, bytes or a list of frames; a batch: one entry per prompt).
+        `priority` (one, or one per prompt; with --enable-priority-scheduling), `images_config` (upstream) or
+        `mm_processor_kwargs` (vLLM): as on /generate."""
         objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
-                                       return_logprob, logprob_start_len, top_logprobs_num, video_data)
+                                       return_logprob, logprob_start_len, top_logprobs_num, video_data,
+                                       _Options(priority, images_config, mm_processor_kwargs))
         if stream:
             return self._stream(objs)
         return self._run(self._collect_batch(objs) if as_list else self._collect(objs[0]))
@@ -273,19 +279,28 @@ class Engine:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         video_data: Any = None,
+        priority: int | list[int] | None = None,
+        images_config: dict | None = None,
+        mm_processor_kwargs: dict | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """`generate` for callers on their own event loop (upstream's name): awaits the same outputs
         without blocking that loop; with `stream=True` it returns an async iterator of the chunks."""
         objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
-                                       return_logprob, logprob_start_len, top_logprobs_num, video_data)
+                                       return_logprob, logprob_start_len, top_logprobs_num, video_data,
+                                       _Options(priority, images_config, mm_processor_kwargs))
         if stream:
             return self._astream(objs)
         return await asyncio.wrap_future(self._submit(self._collect_batch(objs) if as_list else self._collect(objs[0])))
 
     def _requests(self, prompt, messages, image_data, sampling_params, stream, input_ids, return_logprob,
-                  logprob_start_len, top_logprobs_num, video_data=None) -> tuple[list, bool]:
+                  logprob_start_len, top_logprobs_num, video_data=None, options: "_Options | None" = None
+                  ) -> tuple[list, bool]:
         """(the requests to run: one per prompt and sample, whether the caller gets a list)."""
+        from sglang.srt.entrypoints.openai.protocol import pick_image_settings
         from sglang.srt.managers.io_struct import GenerateReqInput
+
+        options = options or _Options()
+        image_kwargs, image_kwargs_name = pick_image_settings(options.mm_processor_kwargs, options.images_config)
 
         logprob_kw = {k: v for k, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num))
                       if v is not None}
@@ -299,9 +314,13 @@ class Engine:
             messages and isinstance(messages[0], list)
         )
         if not batch:
+            if isinstance(options.priority, list):
+                raise ValueError("priority is one integer for one prompt")
             obj = GenerateReqInput(text=prompt, input_ids=input_ids, messages=messages,
                                    image_data=_as_image_list(image_data), video_data=_as_image_list(video_data),
-                                   sampling_params=dict(sampling_params or {}), stream=stream)
+                                   sampling_params=dict(sampling_params or {}), stream=stream,
+                                   priority=options.priority, mm_processor_kwargs=image_kwargs,
+                                   mm_kwargs_name=image_kwargs_name)
             copies = obj.parallel_copies()
             return copies, len(copies) > 1
         n = len(prompt if isinstance(prompt, list) else input_ids if input_ids else messages)
@@ -310,11 +329,15 @@ class Engine:
         per_videos = list(video_data) if video_data is not None else [None] * n
         if len(per_images) != n or len(per_params) != n or len(per_videos) != n:
             raise ValueError(f"a batch of {n} requests needs {n} image_data, video_data and sampling_params entries")
+        per_priority = options.priority if isinstance(options.priority, list) else [options.priority] * n
+        if len(per_priority) != n:
+            raise ValueError(f"a batch of {n} requests needs priority as one integer or a list of {n}")
         objs = [
             GenerateReqInput(text=prompt[i] if prompt else None, input_ids=input_ids[i] if input_ids else None,
                              messages=messages[i] if messages else None, image_data=_as_image_list(per_images[i]),
                              video_data=_as_image_list(per_videos[i]),
-                             sampling_params=dict(per_params[i] or {}), stream=stream)
+                             sampling_params=dict(per_params[i] or {}), stream=stream, priority=per_priority[i],
+                             mm_processor_kwargs=image_kwargs, mm_kwargs_name=image_kwargs_name)
             for i in range(n)
         ]
         return [c for o in objs for c in o.parallel_copies()], True
@@ -389,6 +412,15 @@ def _shutdown_engine(loop, thread, tokenizer_manager, procs, port_args) -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
     shutdown_subprocesses(procs, port_args)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """Per-request options of generate() beyond the prompt, media and sampling parameters."""
+
+    priority: int | list[int] | None = None
+    images_config: dict | None = None
+    mm_processor_kwargs: dict | None = None
 
 
 def _as_image_list(image_data: Any) -> list[Any]:
