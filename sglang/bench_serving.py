@@ -94,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--random-mm-limit-mm-per-prompt", type=_checked(datasets.parse_limit_mm),
                    default=dict(datasets.DEFAULT_LIMIT_MM), help='JSON, e.g. \'{"image": 3, "video": 0}\'')
     m.add_argument("--random-mm-bucket-config", type=_checked(datasets.parse_bucket_config),
-                   default=dict(datasets.DEFAULT_BUCKETS), help="e.g. '{(256, 256, 1): 0.5, (720, 1280, 1): 0.5}'")
+                   default=dict(datasets.DEFAULT_BUCKETS),
+                   help="(H, W, T): probability; T > 1 are mp4 videos of T frames at 2 fps, e.g. "
+                        "'{(256, 256, 1): 0.5, (360, 640, 8): 0.5}'")
     i = p.add_argument_group("image dataset")
     i.add_argument("--image-count", type=int, default=3)
     i.add_argument("--random-image-count", action="store_true", help="image count uniform in [1, --image-count]")

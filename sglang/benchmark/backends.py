@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from sglang.benchmark.datasets import SampleRequest, apply_chat_template, image_placeholder
+from sglang.benchmark.datasets import SampleRequest, apply_chat_template, image_placeholder, video_placeholder
 
 GENERATE_PATH = "/generate"
 COMPLETIONS_PATH = "/v1/completions"
@@ -86,23 +86,24 @@ def prepare_prompt(req: SampleRequest, api: str, tokenizer=None, chat_template: 
     """The prompt of a /generate or /v1/completions request: token ids as they are (`random-ids`), else the
     text, rendered through the tokenizer's chat template with `--apply-chat-template`, with one image
     placeholder per image for /generate. Text tokens exclude the image placeholders."""
-    n_img = len(req.images)
-    if n_img and api != "generate":
-        raise ValueError("the completions API takes no images; use --backend sglang or a *-chat backend")
+    n_img, n_vid = len(req.images), len(req.videos)
+    if (n_img or n_vid) and api != "generate":
+        raise ValueError("the completions API takes no images or videos; use --backend sglang or a *-chat backend")
     if req.prompt_ids is not None and not chat_template:
         return Prompt(list(req.prompt_ids), len(req.prompt_ids))
-    if not chat_template and not n_img:
+    if not chat_template and not n_img and not n_vid:
         return Prompt(req.prompt, req.prompt_len)
     if tokenizer is None:
         raise ValueError("a tokenizer is needed to add a chat template or image placeholders")
     if chat_template:
-        text = apply_chat_template(tokenizer, req.prompt, n_img, req.images_first)
+        text = apply_chat_template(tokenizer, req.prompt, n_img, req.images_first, n_vid)
     else:
-        ph = image_placeholder(tokenizer) * n_img
+        ph = image_placeholder(tokenizer) * n_img + video_placeholder(tokenizer) * n_vid
         text = ph + req.prompt if req.images_first else req.prompt + ph
     count = len(tokenizer.encode(text, add_special_tokens=False))
     per_image = len(tokenizer.encode(image_placeholder(tokenizer), add_special_tokens=False)) if n_img else 0
-    return Prompt(text, max(0, count - n_img * per_image))
+    per_video = len(tokenizer.encode(video_placeholder(tokenizer), add_special_tokens=False)) if n_vid else 0
+    return Prompt(text, max(0, count - n_img * per_image - n_vid * per_video))
 
 
 def build_body(backend: str, model: str | None, req: SampleRequest, prompt: Prompt | None = None, *,
@@ -115,13 +116,15 @@ def build_body(backend: str, model: str | None, req: SampleRequest, prompt: Prom
         body["sampling_params"] = {"temperature": 0.0, "max_new_tokens": req.output_len, "ignore_eos": ignore_eos}
         if req.images:
             body["image_data"] = list(req.images)
+        if req.videos:
+            body["video_data"] = list(req.videos)
         body["stream"] = stream
         return merge_extra(body, extra)
     body = {"model": model}
     if b.api == "completions":
         body["prompt"] = prompt.value
     else:
-        content = req.content() if req.images else req.prompt
+        content = req.content() if req.images or req.videos else req.prompt
         body["messages"] = [{"role": "user", "content": content}]
     body.update({"max_tokens": req.output_len, "temperature": 0.0, "stream": stream})
     if stream:

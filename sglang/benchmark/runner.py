@@ -64,7 +64,7 @@ def prepare(cfg: RunConfig, requests: list[SampleRequest], tokenizer=None) -> li
         prompt = prepare_prompt(r, api, tokenizer, cfg.apply_chat_template) if api != "chat" else None
         body = build_body(cfg.backend, cfg.model, r, prompt, ignore_eos=cfg.ignore_eos, stream=cfg.stream,
                           extra=cfg.extra_body)
-        out.append(Prepared(orjson.dumps(body), prompt.text_len if prompt else r.prompt_len, len(r.images)))
+        out.append(Prepared(orjson.dumps(body), prompt.text_len if prompt else r.prompt_len, len(r.images) + len(r.videos)))
     return out
 
 
@@ -141,6 +141,7 @@ def result_record(args: dict[str, Any], metrics: dict[str, Any], outputs: list[R
             "itls": [o.itl for o in outputs],
             "e2els": [o.latency for o in outputs],
             "num_images": [len(r.images) for r in requests] if requests is not None else None,
+            "num_videos": [len(r.videos) for r in requests] if requests is not None else None,
             "generated_texts": [o.generated_text for o in outputs],
             "errors": [o.error for o in outputs],
             "error_summary": [{"count": n, "error": msg} for n, msg in summarize_errors(outputs)],

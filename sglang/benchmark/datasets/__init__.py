@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from sglang.benchmark.datasets.common import (LEN_RULES, DatasetError, RandomText, SampleRequest, TextLenConfig,
-                                              apply_chat_template, image_placeholder, len_range, load_tokenizer,
+                                              apply_chat_template, image_placeholder, video_placeholder, len_range, load_tokenizer,
                                               random_texts, sglang_len_range, usable_token_ids)
 from sglang.benchmark.datasets.files import (check_dataset_path, mmmu_prompt, read_records, sample_mmmu, sample_sharegpt,
                                              sharegpt_pair)
@@ -31,7 +31,7 @@ __all__ = [
     "len_range", "load_tokenizer", "make_image", "mmmu_prompt", "parse_bucket_config", "parse_image_resolution",
     "parse_limit_mm", "random_texts", "read_records", "sample_generated_shared_prefix", "sample_image_dataset",
     "sample_mmmu", "sample_random", "sample_random_ids", "sample_random_mm", "sample_sharegpt", "sglang_len_range",
-    "sharegpt_pair", "usable_token_ids",
+    "sharegpt_pair", "usable_token_ids", "video_placeholder",
 ]
 
 

@@ -34,11 +34,14 @@ class SampleRequest:
     image_sizes: list[tuple[int, int]] = field(default_factory=list)  # (H, W) per image, where known
     images_first: bool = False
     prompt_ids: list[int] | None = None  # `random-ids`: the prompt as token ids
+    videos: list[str] = field(default_factory=list)  # data URLs of encoded clips (random-mm buckets with T > 1)
+    video_sizes: list[tuple[int, int, int]] = field(default_factory=list)  # (H, W, T) per video
 
     def content(self) -> list[dict[str, Any]]:
-        """OpenAI chat content parts in the dataset's order."""
+        """OpenAI chat content parts in the dataset's order (videos after the images)."""
         text = [{"type": "text", "text": self.prompt}]
         imgs = [{"type": "image_url", "image_url": {"url": u}} for u in self.images]
+        imgs += [{"type": "video_url", "video_url": {"url": u}} for u in self.videos]
         return imgs + text if self.images_first else text + imgs
 
 
@@ -169,16 +172,23 @@ def random_texts(gen: RandomText, cfg: TextLenConfig, rng: np.random.Generator, 
         yield text, got, out
 
 
-def apply_chat_template(tokenizer, prompt: str, num_images: int = 0, images_first: bool = True) -> str:
+def apply_chat_template(tokenizer, prompt: str, num_images: int = 0, images_first: bool = True,
+                        num_videos: int = 0) -> str:
     """The prompt as the tokenizer's chat template renders one user turn (generation prompt added, a leading
-    BOS removed since the server adds its own); images become the template's own image entries."""
+    BOS removed since the server adds its own); images and videos become the template's own entries."""
     parts: list[dict[str, Any]] = [{"type": "image"} for _ in range(num_images)]
+    parts += [{"type": "video"} for _ in range(num_videos)]
     text = [{"type": "text", "text": prompt}]
-    content: Any = prompt if not num_images else (parts + text if images_first else text + parts)
+    content: Any = prompt if not parts else (parts + text if images_first else text + parts)
     out = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                         tokenize=False)
     bos = getattr(tokenizer, "bos_token", None)
     return out[len(bos):] if bos and out.startswith(bos) else out
+
+
+def video_placeholder(tokenizer) -> str:
+    """The text that stands for one video in a raw (untemplated) native prompt."""
+    return "<|vision_start|><|video_pad|><|vision_end|>" if "<|video_pad|>" in tokenizer.get_vocab() else "<video>"
 
 
 def image_placeholder(tokenizer) -> str:

@@ -2,7 +2,9 @@
 
 - `random-mm` follows `vllm bench serve --dataset-name random-mm`: a shared random prefix, a per-request item
   count drawn from [floor(b*(1-r_mm)), ceil(b*(1+r_mm))] capped by the per-prompt limits, each item's
-  (H, W, T) bucket drawn from the normalized bucket probabilities, uniform-noise JPEG images; text first.
+  (H, W, T) bucket drawn from the normalized bucket probabilities (once a modality's limit is used up, from
+  the other modality's buckets), uniform-noise JPEG images (T = 1) and noise mp4 videos of T frames at 2 fps
+  (T > 1: the rate both Qwen-VL families sample at, so the server keeps every frame); text first.
 - `image` follows sglang's image dataset: `--image-count` images (uniform in [1, count] with
   `--random-image-count`) of one resolution, format and content; images first.
 
@@ -43,8 +45,6 @@ def parse_bucket_config(spec: str | dict) -> dict[tuple[int, int, int], float]:
         if not isinstance(p, (int, float)) or p < 0 or not math.isfinite(p):
             raise ValueError(f"bucket {key} has invalid probability {p!r}")
         if p > 0:
-            if key[2] != 1:
-                raise ValueError(f"bucket {key}: only images are supported, T must be 1 (videos are not)")
             kept[key] = float(p)
     if not kept:
         raise ValueError("every bucket has probability 0")
@@ -81,6 +81,27 @@ def encode_image(pixels: np.ndarray, fmt: str = "jpeg") -> str:
     buf = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buf, format=fmt.upper())
     return f"data:image/{fmt};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+VIDEO_FPS = 2
+
+
+def make_video(rng: np.random.Generator, height: int, width: int, frames: int) -> str:
+    """T noise frames as an H.264 mp4 (yuv444p: odd sizes allowed) at VIDEO_FPS -> data URL."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=VIDEO_FPS)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv444p"
+        stream.options = {"preset": "ultrafast", "crf": "23"}
+        for _ in range(frames):
+            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return "data:video/mp4;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def make_image(rng: np.random.Generator, height: int, width: int, content: str = "random", fmt: str = "jpeg") -> str:
@@ -121,23 +142,32 @@ def sample_random_mm(
     r = cfg.num_mm_items_range_ratio
     if not 0.0 <= r <= 1.0:
         raise ValueError(f"random-mm-num-mm-items-range-ratio must be in [0, 1], got {r}")
-    # Only image buckets survive parsing, so the image limit is the cap on items per prompt.
-    cap = limits.get("image", 0)
+    # a modality takes items only when some bucket of it has probability and its limit allows
+    modality = {k: "image" if k[2] == 1 else "video" for k in buckets}
+    cap = sum(limits.get(m, 0) for m in set(modality.values()))
     if cfg.base_items_per_request > cap:
-        raise ValueError(f"random-mm-base-items-per-request={cfg.base_items_per_request} exceeds the image "
-                         f"limit {cap} of random-mm-limit-mm-per-prompt {limits}")
+        raise ValueError(f"random-mm-base-items-per-request={cfg.base_items_per_request} exceeds the item "
+                         f"limit {cap} of random-mm-limit-mm-per-prompt {limits} for buckets {sorted(buckets)}")
     lo, hi = len_range(cfg.base_items_per_request, r)
     lo, hi = max(0, min(lo, cap)), max(0, min(hi, cap))
-    keys = list(buckets)
-    probs = np.array([buckets[k] for k in keys])
     gen = RandomText(tokenizer, rng)
     out = []
     for text, plen, olen in random_texts(gen, cfg.text, rng, num, progress):
         k = int(rng.integers(lo, hi + 1))
-        picks = rng.choice(len(keys), size=k, p=probs) if k else []
-        sizes = [(keys[i][0], keys[i][1]) for i in picks]
-        images = [make_image(rng, h, w, "random", "jpeg") for h, w in sizes]
-        out.append(SampleRequest(text, plen, olen, images, sizes, images_first=False))
+        left = {m: limits.get(m, 0) for m in ("image", "video")}
+        req = SampleRequest(text, plen, olen, images_first=False)
+        for _ in range(k):
+            keys = [b for b in buckets if left[modality[b]] > 0]
+            probs = np.array([buckets[b] for b in keys])
+            h, w, t = keys[int(rng.choice(len(keys), p=probs / probs.sum()))]
+            left[modality[(h, w, t)]] -= 1
+            if t == 1:
+                req.images.append(make_image(rng, h, w, "random", "jpeg"))
+                req.image_sizes.append((h, w))
+            else:
+                req.videos.append(make_video(rng, h, w, t))
+                req.video_sizes.append((h, w, t))
+        out.append(req)
     return out
 
 

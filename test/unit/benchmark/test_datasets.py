@@ -69,6 +69,27 @@ def test_random_mm_lengths_items_and_order(tok):
     assert _ntok(tok, shared) >= 5  # the 5-token prefix is shared
 
 
+def test_random_mm_videos_respect_each_modality_limit(tok):
+    """Buckets with T > 1 are mp4 videos of T frames (2 fps); once a modality's limit is used up the
+    remaining items come from the other modality's buckets, as vLLM draws them."""
+    av = pytest.importorskip("av")
+    import base64
+    import io
+
+    cfg = ds.RandomMMConfig(ds.TextLenConfig(20, 4, 0, 0.0), base_items_per_request=3,
+                            limit_mm_per_prompt={"image": 2, "video": 1},
+                            bucket_config={(16, 24, 1): 0.5, (32, 48, 4): 0.5})
+    reqs = ds.sample_random_mm(tok, 12, cfg, seed=1)
+    for r in reqs:
+        assert len(r.images) + len(r.videos) == 3 and len(r.videos) <= 1 and len(r.images) <= 2
+        assert r.video_sizes == [(32, 48, 4)] * len(r.videos)
+        assert [p["type"] for p in r.content()] == ["text"] + ["image_url"] * len(r.images) + ["video_url"] * len(r.videos)
+    url = next(r.videos[0] for r in reqs if r.videos)
+    with av.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as c:
+        s = c.streams.video[0]
+        assert (s.frames, s.average_rate, s.codec_context.width, s.codec_context.height) == (4, 2, 48, 32)
+
+
 def test_text_len_ranges_follow_vllm():
     rng = np.random.default_rng(0)
     ins, outs = ds.TextLenConfig(100, 3, 0, 0.5).sample(rng, 4000)
@@ -105,7 +126,8 @@ def test_bucket_frequencies_follow_config(tok):
 def test_parse_bucket_config():
     got = ds.parse_bucket_config("{(256, 256, 1): 1, (720, 1280, 1): 3, (720, 1280, 16): 0.0}")
     assert got == {(256, 256, 1): 0.25, (720, 1280, 1): 0.75}
-    for bad in ["{(256, 256, 4): 1.0}", "{(256, 256): 1.0}", "{(1, 1, 1): -1}", "{(1, 1, 1): 0}", "[1]",
+    assert ds.parse_bucket_config("{(64, 48, 8): 1.0}") == {(64, 48, 8): 1.0}  # a video bucket
+    for bad in ["{(256, 256): 1.0}", "{(1, 1, 1): -1}", "{(1, 1, 1): 0}", "[1]",
                 "__import__('os')"]:
         with pytest.raises((ValueError, SyntaxError)):
             ds.parse_bucket_config(bad)
