@@ -85,25 +85,17 @@ def _convert_part(part: Any, i: int, j: int, images: list[Any], videos: list[Any
         if not isinstance(text, str):
             raise ValueError(f"{where}: a text part needs a string 'text'")
         return {"type": "text", "text": text}
-    if ptype == "image_url":
-        ref = part.get("image_url")
-        url = ref.get("url") if isinstance(ref, dict) else ref
-        if not isinstance(url, str) or not url:
-            raise ValueError(f"{where}: an image_url part needs image_url.url (a data URL, http(s) URL or file path)")
-        images.append(url)
-        return {"type": "image"}
-    if ptype == "image":
-        images.append(part.get("image"))
-        return {"type": "image"}
-    if ptype == "video_url":
-        ref = part.get("video_url")
-        url = ref.get("url") if isinstance(ref, dict) else ref
-        if not isinstance(url, str) or not url:
-            raise ValueError(f"{where}: a video_url part needs video_url.url (a data URL, http(s) URL or file path)")
-        videos.append(url)
-        return {"type": "video"}
-    if ptype == "video":
-        videos.append(part.get("video"))
-        return {"type": "video"}
+    for modality, sink in (("image", images), ("video", videos)):
+        if ptype == f"{modality}_url":  # OpenAI's shape: {"type": "image_url", "image_url": {"url": ...}}
+            ref = part.get(ptype)
+            url = ref.get("url") if isinstance(ref, dict) else ref
+            if not isinstance(url, str) or not url:
+                article = "an" if ptype[0] in "aeiou" else "a"
+                raise ValueError(f"{where}: {article} {ptype} part needs {ptype}.url (a data URL, http(s) URL or file path)")
+            sink.append(url)
+            return {"type": modality}
+        if ptype == modality:  # the template's own shape; its source may come separately (None)
+            sink.append(part.get(modality))
+            return {"type": modality}
     raise ValueError(f"{where}: unsupported content part type {ptype!r}; supported: text, image_url, image, "
                      "video_url, video")
