@@ -141,6 +141,40 @@ def test_priority_and_image_settings_as_on_generate(engine):
         engine.generate(messages=messages, images_config={}, mm_processor_kwargs={})
 
 
+def test_generate_with_video_data(engine, hf_ref):
+    """video_data on Engine.generate: an encoded clip (bytes), a RawVideo (decoded frames + rate) and a
+    list of frames, mixed with an image; greedy tokens equal transformers' on our processor's tensors."""
+    pytest.importorskip("av")
+    from sglang.srt.multimodal.mm_types import Modality
+    from sglang.srt.multimodal.video_io import RawVideo
+    from sglang.testing.sample_video import bar_frames, make_clip
+    from conftest import noise_image
+
+    torch = hf_ref.torch
+    videos = [make_clip(64, 48, 10, 1.5, seed=5), RawVideo(bar_frames(40, 32, 6, seed=6), 4.0),
+              [noise_image(32, 32, s) for s in range(3)]]
+    image = noise_image(48, 64, 7)
+    tmpl = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "and"}, {"type": "image"},
+                                         {"type": "video"}, {"type": "video"}, {"type": "text", "text": "?"}]}]
+    out = engine.generate(messages=tmpl, image_data=[image], video_data=videos,
+                          sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0})
+    ids = hf_ref.tokenizer.encode(hf_ref.render(tmpl), add_special_tokens=False)
+    ids, mm = hf_ref.processor.process(ids, [image], videos=videos)
+    assert out["meta_info"]["prompt_tokens"] == len(ids)
+    t = torch.tensor([ids], device=hf_ref.model.device)
+    vids = [it for it in mm.mm_items if it.modality == Modality.VIDEO]
+    imgs = [it for it in mm.mm_items if it.modality == Modality.IMAGE]
+    kw = {"mm_token_type_ids": (t == mm.im_token_id).long() + 2 * (t == mm.video_token_id).long(),
+          "pixel_values": torch.cat([it.feature for it in imgs]).to(t.device),
+          "image_grid_thw": torch.tensor([list(it.image_grid_thw) for it in imgs], device=t.device),
+          "pixel_values_videos": torch.cat([it.feature for it in vids]).to(t.device),
+          "video_grid_thw": torch.tensor([list(it.image_grid_thw) for it in vids], device=t.device)}
+    with torch.no_grad():
+        ref = hf_ref.model.generate(input_ids=t, attention_mask=torch.ones_like(t), max_new_tokens=MAX_NEW,
+                                    min_new_tokens=MAX_NEW, do_sample=False, **kw)[0, len(ids):].tolist()
+    assert out["output_ids"] == ref
+
+
 def test_shutdown_leaves_nothing(engine):
     procs, ipc_dir = list(engine._procs), engine._port_args.ipc_dir
     assert all(p.is_alive() for p in procs) and os.path.isdir(ipc_dir)
