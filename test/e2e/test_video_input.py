@@ -251,3 +251,23 @@ def test_tp2_answers_like_tp1(launch_server, oai):
         b = oai2.chat.completions.create(model="m", messages=messages, max_tokens=MAX_NEW, temperature=0)
         assert (b.choices[0].message.content, b.usage.prompt_tokens) == (a.choices[0].message.content,
                                                                           a.usage.prompt_tokens), case
+
+
+def test_media_io_kwargs_video_settings(oai):
+    """vLLM's media_io_kwargs {"video": {...}} sets the same video sampling as mm_processor_kwargs; other
+    modalities and conflicting values are 400s naming them."""
+    import openai
+
+    messages, *_ = build(CASES["video_only"])
+    via_mm = oai.chat.completions.create(model="m", messages=messages, max_tokens=1,
+                                         extra_body={"mm_processor_kwargs": {"num_frames": 6}})
+    via_io = oai.chat.completions.create(model="m", messages=messages, max_tokens=1,
+                                         extra_body={"media_io_kwargs": {"video": {"num_frames": 6}}})
+    base = oai.chat.completions.create(model="m", messages=messages, max_tokens=1)
+    assert via_io.usage.prompt_tokens == via_mm.usage.prompt_tokens != base.usage.prompt_tokens
+    for body, word in (({"media_io_kwargs": {"image": {"mode": "L"}}}, "media_io_kwargs.image"),
+                       ({"media_io_kwargs": {"video": {"fps": 1}}, "mm_processor_kwargs": {"fps": 2}},
+                        "media_io_kwargs.video.fps"),
+                       ({"media_io_kwargs": {"video": {"fps": 0}}}, "media_io_kwargs.video.fps")):
+        with pytest.raises(openai.BadRequestError, match=word):
+            oai.chat.completions.create(model="m", messages=messages, max_tokens=1, extra_body=body)

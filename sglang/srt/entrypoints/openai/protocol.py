@@ -26,6 +26,29 @@ def pick_image_settings(mm_processor_kwargs: Any, images_config: Any) -> tuple[A
     return mm_processor_kwargs, "mm_processor_kwargs"
 
 
+def merge_media_io_kwargs(kwargs: Any, name: str, media_io_kwargs: Any) -> tuple[Any, str]:
+    """vLLM's per-request `media_io_kwargs` ({"video": {"fps": ..., "num_frames": ...}}) joined to the
+    request's processor settings: video loading settings only; another modality, or a key given in both
+    fields with different values, is refused (ValueError naming it)."""
+    if not isinstance(media_io_kwargs, dict):
+        raise ValueError(f"media_io_kwargs must be an object, got {type(media_io_kwargs).__name__}")
+    other = sorted(set(media_io_kwargs) - {"video"})
+    if other:
+        raise ValueError(f"media_io_kwargs.{other[0]} is not supported: only video loading settings are "
+                         "(media_io_kwargs.video: fps, num_frames, min_frames, max_frames)")
+    video = media_io_kwargs.get("video") or {}
+    if not isinstance(video, dict):
+        raise ValueError(f"media_io_kwargs.video must be an object, got {type(video).__name__}")
+    if not isinstance(kwargs, (dict, type(None))):
+        return kwargs, name  # the processor refuses a non-object, naming its field
+    merged = dict(kwargs or {})
+    for key, value in video.items():
+        if key in merged and merged[key] != value:
+            raise ValueError(f"media_io_kwargs.video.{key} differs from {name}.{key}: give it once")
+        merged[key] = value
+    return merged, (name if kwargs else "media_io_kwargs.video")
+
+
 class _Tolerant(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -113,20 +136,25 @@ class ChatCompletionRequest(_Tolerant):
     # image processor settings for this request's images (max_pixels, min_pixels): vLLM's and upstream's names
     mm_processor_kwargs: dict[str, Any] | None = None
     images_config: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None  # vLLM's: {"video": {"fps": .., "num_frames": ..}}
 
     def logprob_params(self) -> dict[str, Any]:
         return {"return_logprob": self.logprobs, "top_logprobs_num": self.top_logprobs or 0}
 
     def image_kwargs(self) -> tuple[dict[str, Any] | None, str]:
-        """(settings, the field that carried them); unsupported() refuses both fields at once."""
-        return pick_image_settings(self.mm_processor_kwargs, self.images_config)
+        """(settings, the field that carried them), media_io_kwargs' video settings joined in;
+        unsupported() refuses what cannot be combined."""
+        kwargs, name = pick_image_settings(self.mm_processor_kwargs, self.images_config)
+        if self.media_io_kwargs is None:
+            return kwargs, name
+        return merge_media_io_kwargs(kwargs, name, self.media_io_kwargs)
 
     def unsupported(self) -> str | None:
         """A message naming the first requested feature this server does not implement, if any."""
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs needs logprobs: true"
         try:
-            pick_image_settings(self.mm_processor_kwargs, self.images_config)
+            self.image_kwargs()
         except ValueError as e:
             return str(e)
         if self.continue_final_message and self.messages[-1].role != "assistant":
