@@ -55,11 +55,11 @@ def video_media_server():
     s.close()
 
 
-def hf_greedy(hf_ref, template_messages, images, videos) -> str:
+def hf_greedy(hf_ref, template_messages, images, videos, video_config=None) -> str:
     """transformers' greedy continuation (decoded text) on our processor's prompt ids and tensors."""
     torch = hf_ref.torch
     ids = hf_ref.tokenizer.encode(hf_ref.render(template_messages), add_special_tokens=False)
-    ids, mm = hf_ref.processor.process(ids, images, videos=videos)
+    ids, mm = hf_ref.processor.process(ids, images, videos=videos, video_config=video_config)
     dev = hf_ref.model.device
     t = torch.tensor([ids], device=dev)
     kw = {"mm_token_type_ids": (t == mm.im_token_id).long() + 2 * (t == mm.video_token_id).long()}
@@ -71,6 +71,8 @@ def hf_greedy(hf_ref, template_messages, images, videos) -> str:
     if vids:
         kw["pixel_values_videos"] = torch.cat([it.feature for it in vids]).to(dev)
         kw["video_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in vids], device=dev)
+        if "qwen2" in hf_ref.model.config.model_type:
+            kw["second_per_grid_ts"] = torch.tensor([it.model_specific_data["second_per_grid_t"] for it in vids])
     with torch.no_grad():
         out = hf_ref.model.generate(input_ids=t, attention_mask=torch.ones_like(t), max_new_tokens=MAX_NEW,
                                     min_new_tokens=MAX_NEW, do_sample=False, **kw)
@@ -271,3 +273,35 @@ def test_media_io_kwargs_video_settings(oai):
                        ({"media_io_kwargs": {"video": {"fps": 0}}}, "media_io_kwargs.video.fps")):
         with pytest.raises(openai.BadRequestError, match=word):
             oai.chat.completions.create(model="m", messages=messages, max_tokens=1, extra_body=body)
+
+
+def test_qwen25_server_time_steps_reach_mrope_and_the_cache_key(tiny_model_dir, tmp_path):
+    """Qwen2.5-VL served: the answer equals transformers' with our second_per_grid_ts; the same frames
+    given at another rate (fps of a frame list) have identical prompt ids and pixels but other M-RoPE
+    time steps, so they must not hit the first request's cached KV, and answer like transformers again."""
+    from conftest import HFReference, ServerProcess
+
+    path = tiny_model_dir("qwen2.5-vl-tiny")
+    server = ServerProcess(path, tmp_path, ["--chunked-prefill-size", "16"]).wait_healthy()
+    try:
+        hf = HFReference(path)
+        frames = [noise_image(56, 56, s) for s in range(4)]
+        tmpl = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "what changes?"}]}]
+        frames_b64 = [base64.b64encode(png_bytes(f)).decode() for f in frames]
+        outs = []
+        for fps in (1.0, 4.0):
+            _, vcfg = hf.processor.media_config({"fps": fps})
+            ref_text, n = hf_greedy(hf, tmpl, [], [frames], vcfg)
+            r = requests.post(server.url + "/generate", timeout=120, json={
+                "text": hf.render(tmpl), "video_data": [frames_b64], "mm_processor_kwargs": {"fps": fps},
+                "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "min_new_tokens": MAX_NEW}})
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert out["meta_info"]["prompt_tokens"] == n
+            assert out["text"] == ref_text
+            outs.append(out)
+        ids = hf.tokenizer.encode(hf.render(tmpl), add_special_tokens=False)
+        _, mm = hf.processor.process(ids, [], videos=[frames])
+        assert outs[1]["meta_info"]["cached_tokens"] <= mm.mm_items[0].offsets[0][0]
+    finally:
+        server.close()
