@@ -136,6 +136,8 @@ def decode_video(data: bytes, sampler: FrameSampler, limits: VideoLimits = Video
         raise VideoLoadError("the video stream holds no frames")
     indices = np.asarray(sampler(total, fps), dtype=np.int64)
     frames, decoded = _decode_frames(av, data, indices, limits)
+    if (indices >= total).any() or (indices < 0).any():
+        raise VideoLoadError(f"internal error: frame indices outside the {total} frames of the video")
     if decoded < total and (indices >= decoded).any():
         # the header promised more frames than the stream holds: sample from what is there
         total = decoded
@@ -143,6 +145,8 @@ def decode_video(data: bytes, sampler: FrameSampler, limits: VideoLimits = Video
             raise VideoLoadError("no frame of the video could be decoded")
         indices = np.asarray(sampler(total, fps), dtype=np.int64)
         frames, _ = _decode_frames(av, data, indices, limits)
+    if len(frames) != len(indices):
+        raise VideoLoadError(f"the video stream ended before frame {int(indices.max())} of {total} could be decoded")
     return DecodedVideo(frames, indices, fps, total)
 
 

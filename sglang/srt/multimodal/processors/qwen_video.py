@@ -243,7 +243,10 @@ class QwenVLVideoProcessor:
             raise MultimodalInputError(f"the video has {total} frame(s); at least {tp} are needed")
         if n > total:
             raise MultimodalInputError(f"cannot take {n} frames from a video of {total} frames")
-        return torch.arange(0, total, total / n).int().numpy().astype(np.int64)
+        idx = torch.arange(0, total, total / n).int().numpy().astype(np.int64)
+        # float32 steps can overshoot by one element past the stream (e.g. 424 of 425 frames): transformers
+        # would fail indexing it; that index is dropped here
+        return idx[idx < total]
 
     # ------------------------------------------------------------------ sizes
     def pixel_limits(self, num_frames: int) -> tuple[int, int]:

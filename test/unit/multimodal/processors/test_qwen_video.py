@@ -9,10 +9,7 @@ processor. The table covers 1-4 s clips at 5-30 fps and odd sizes; a GPU-only te
 
 from __future__ import annotations
 
-import ast
-import inspect
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,41 +23,23 @@ from transformers.video_utils import VideoMetadata  # noqa: E402
 
 from sglang.srt.multimodal.processors.base import MultimodalInputError  # noqa: E402
 from sglang.srt.multimodal.processors.qwen_video import QwenVLVideoProcessor  # noqa: E402
+from sglang.testing.hf_video import QWEN2_VIDEO, QWEN3_VIDEO, hf_processor_self, hf_video_method  # noqa: E402
 
 # (seconds, fps, width, height)
 TABLE = [(1.0, 5, 67, 45), (1.0, 30, 131, 97), (2.0, 24, 640, 360), (2.5, 12, 33, 181), (3.0, 25, 1279, 719),
          (4.0, 30, 97, 1001), (4.0, 5, 301, 299), (1.5, 10, 1920, 1080), (3.3, 29.97, 853, 479)]
 
 
-def _hf_method(module: str, cls_name: str, name: str):
-    """A method of a transformers video processor class, compiled from the installed source file: the
-    classes cannot be touched without torchvision (Qwen2-VL's module imports it, Qwen3-VL's class is a
-    placeholder that raises), but their methods only need math / numpy / torch."""
-    import logging
-
-    import transformers.models as models
-
-    path = inspect.getfile(models).replace("__init__.py", f"{module}.py")
-    tree = ast.parse(open(path, encoding="utf-8").read())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
-    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    ns = {"math": math, "np": np, "torch": torch, "VideoMetadata": VideoMetadata, "logger": logging.getLogger("hf")}
-    exec(compile(ast.Module([fn], []), path, "exec"), ns)
-    return ns[name]
-
-
 def _qwen2_sample_frames():
-    return _hf_method("qwen2_vl/video_processing_qwen2_vl", "Qwen2VLVideoProcessor", "sample_frames")
+    return hf_video_method(QWEN2_VIDEO, "sample_frames")
 
 
 def _qwen3(name: str):
-    return _hf_method("qwen3_vl/video_processing_qwen3_vl", "Qwen3VLVideoProcessor", name)
+    return hf_video_method(QWEN3_VIDEO, name)
 
 
 def _hf_self(family: str, **over):
-    """The class attributes sample_frames reads (Qwen2-VL sampling at 2 fps, our default for it)."""
-    base = dict(fps=2.0, num_frames=None, min_frames=4, max_frames=768, temporal_patch_size=2)
-    return SimpleNamespace(**{**base, **over})
+    return hf_processor_self(**over)
 
 
 @pytest.mark.parametrize("seconds,fps,w,h", TABLE)
