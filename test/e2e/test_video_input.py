@@ -125,6 +125,11 @@ def test_video_urls_and_allowed_files(oai, hf_ref, video_server, video_media_ser
                                              {"type": "text", "text": "What happens in this clip?"}]}]
         r = oai.chat.completions.create(model="m", messages=msgs, max_tokens=MAX_NEW, temperature=0)
         assert r.choices[0].message.content == ref_text, url
+    import openai
+
+    missing = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": video_media_server.url + "/no.mp4"}}]}]
+    with pytest.raises(openai.BadRequestError, match="fetching video .* failed: HTTP 404"):
+        oai.chat.completions.create(model="m", messages=missing, max_tokens=1)
 
 
 def test_generate_takes_video_data_and_frames(video_server, hf_ref):

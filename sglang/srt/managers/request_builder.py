@@ -209,7 +209,7 @@ class RequestBuilder:
             if self.processor is not None:
                 with self.stage_timer.measure(timings, "processor"):
                     images = list(self.image_pool.map(self._fetch_if_url, req.images)) if req.images else []
-                    videos = list(self.image_pool.map(self._fetch_if_url, req.videos)) if req.videos else []
+                    videos = list(self.image_pool.map(self._fetch_video_if_url, req.videos)) if req.videos else []
                     extra = {"image_config": req.image_config} if req.image_config is not None else {}
                     if videos or req.video_config is not None:
                         extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)
@@ -347,6 +347,9 @@ class RequestBuilder:
 
     def _fetch_if_url(self, src: Any) -> Any:
         return self.fetcher(src) if is_http_url(src) else src
+
+    def _fetch_video_if_url(self, src: Any) -> Any:
+        return self.fetcher(src, "video") if is_http_url(src) else src
 
 
 def load_chat_template(path: str) -> str:

@@ -70,7 +70,8 @@ class HostPolicy:
             )
 
 
-def fetch_url_bytes(url: str, *, timeout: float, max_bytes: int, policy: HostPolicy = HostPolicy()) -> bytes:
+def fetch_url_bytes(url: str, *, timeout: float, max_bytes: int, policy: HostPolicy = HostPolicy(),
+                    accept: str = "image/*") -> bytes:
     """GET `url` and return the body; the whole transfer must finish within `timeout` seconds, the
     body must not exceed `max_bytes`, and every host connected to must pass `policy`."""
     url = url.strip()
@@ -79,7 +80,7 @@ def fetch_url_bytes(url: str, *, timeout: float, max_bytes: int, policy: HostPol
         raise MediaFetchError(f"invalid image URL {_short(url)!r}: expected http(s)://host/path")
     policy.check_host(parsed.hostname)
     deadline = time.monotonic() + timeout
-    req = urllib.request.Request(url, headers={"User-Agent": "sglang-media-fetch", "Accept": "image/*"})
+    req = urllib.request.Request(url, headers={"User-Agent": "sglang-media-fetch", "Accept": accept})
     try:
         with _http_only_opener(policy).open(req, timeout=timeout) as resp:
             length = resp.headers.get("Content-Length")
@@ -183,5 +184,12 @@ class MediaFetcher:
     max_bytes: int = 20 * 1024 * 1024
     policy: HostPolicy = HostPolicy()
 
-    def __call__(self, url: str) -> bytes:
-        return fetch_url_bytes(url, timeout=self.timeout, max_bytes=self.max_bytes, policy=self.policy)
+    def __call__(self, url: str, kind: str = "image") -> bytes:
+        """`kind` ("image" or "video") sets the Accept header and the word the errors use."""
+        try:
+            return fetch_url_bytes(url, timeout=self.timeout, max_bytes=self.max_bytes, policy=self.policy,
+                                   accept=f"{kind}/*")
+        except MediaFetchError as e:
+            if kind == "image":
+                raise
+            raise MediaFetchError(str(e).replace("image", kind)) from None
