@@ -152,6 +152,8 @@ GENERATE_REFUSED: dict[str, Refusal] = {
     "image_max_dynamic_patch": _NO_DYNAMIC_PATCH,
     "video_max_dynamic_patch": _NO_DYNAMIC_PATCH,
     "multi_item_delimiter_indices": Refusal("multi-item scoring is not supported"),
+    # sglang-router forwards /generate bodies with its own fields at their defaults, "model": null among them
+    "model": Refusal("/generate serves this server's model: leave model out or null"),
 }
 
 # keys of /generate's sampling_params that upstream's SamplingParams defines and this server refuses
