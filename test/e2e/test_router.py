@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -146,20 +147,22 @@ def test_cache_aware_keeps_serving_after_a_worker_dies(workers, router_factory):
 
     def traffic(i: int) -> None:
         while not stop.is_set():
-            try:
+            try:  # unrelated prompts: no shared prefix ties them to one worker
                 requests.post(router.url + "/generate", timeout=60, json={
-                    "text": f"background {i}", "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}})
+                    "text": f"{uuid.uuid4().hex} background {i}", "sampling_params": {"max_new_tokens": 16, "ignore_eos": True}})
             except requests.RequestException:
                 pass
 
     with ThreadPoolExecutor(3) as pool:
-        for i in range(3):
-            pool.submit(traffic, i)
-        wait_until(lambda: requests.get(victim.url + "/get_load", timeout=5).json()[0]["num_reqs"] > 0, 30,
-                   interval=0.05, what="the victim to be busy")
-        os.kill(victim.proc.pid, signal.SIGKILL)
-        wait_until(lambda: router.workers().get(victim.url) is False, 30, what="the router to mark the worker dead")
-        stop.set()
+        try:
+            for i in range(3):
+                pool.submit(traffic, i)
+            wait_until(lambda: requests.get(victim.url + "/get_load", timeout=5).json()[0]["num_reqs"] > 0, 60,
+                       interval=0.05, what="the victim to be busy")
+            os.kill(victim.proc.pid, signal.SIGKILL)
+            wait_until(lambda: router.workers().get(victim.url) is False, 30, what="the router to mark the worker dead")
+        finally:
+            stop.set()
 
     # from here on every request goes to the survivor: none may fail
     for seed in range(3):
