@@ -520,10 +520,6 @@ class TokenizerManager:
         return [{"dp_rank": o.dp_rank, "num_reqs": o.num_reqs, "num_waiting_reqs": o.num_waiting_reqs,
                  "num_tokens": o.num_tokens} for o in sorted(outs, key=lambda o: o.dp_rank)]
 
-    async def _control(self, req: Any, timeout: float) -> Any:
-        """One reply (dp size 1: the only replica's)."""
-        return (await self._control_all(req, timeout))[0]
-
     async def _control_all(self, req: Any, timeout: float) -> list[Any]:
         """Sends a control request and waits for the reply of every data-parallel replica (the
         data-parallel controller hands control requests to all of them)."""

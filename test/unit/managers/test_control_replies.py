@@ -33,10 +33,10 @@ def test_late_reply_is_dropped_and_the_next_waiter_gets_its_own():
     async def scenario():
         tm = _manager()
         with pytest.raises(GenerateError) as e:
-            await tm._control(GetServerInfoReq(), timeout=0.01)
+            await tm._control_all(GetServerInfoReq(), timeout=0.01)
         assert e.value.status_code == 504
         first_id = tm._send_sock.sent[0].req_id
-        second = asyncio.ensure_future(tm._control(GetServerInfoReq(), timeout=5))
+        second = asyncio.ensure_future(tm._control_all(GetServerInfoReq(), timeout=5))
         while len(tm._send_sock.sent) < 2:
             await asyncio.sleep(0)
         second_id = tm._send_sock.sent[1].req_id
@@ -44,7 +44,7 @@ def test_late_reply_is_dropped_and_the_next_waiter_gets_its_own():
         tm._resolve_control(GetServerInfoReqOutput({"who": "late reply to the first"}, req_id=first_id))
         assert not second.done()  # the late reply did not resolve the wrong waiter
         tm._resolve_control(GetServerInfoReqOutput({"who": "second"}, req_id=second_id))
-        out = await second
+        (out,) = await second
         assert out.info == {"who": "second"}
         assert tm._control_waiters == {}
 
@@ -54,14 +54,14 @@ def test_late_reply_is_dropped_and_the_next_waiter_gets_its_own():
 def test_replies_out_of_order_reach_their_own_waiters():
     async def scenario():
         tm = _manager()
-        a = asyncio.ensure_future(tm._control(GetServerInfoReq(), timeout=5))
-        b = asyncio.ensure_future(tm._control(GetServerInfoReq(), timeout=5))
+        a = asyncio.ensure_future(tm._control_all(GetServerInfoReq(), timeout=5))
+        b = asyncio.ensure_future(tm._control_all(GetServerInfoReq(), timeout=5))
         while len(tm._send_sock.sent) < 2:
             await asyncio.sleep(0)
         ida, idb = (m.req_id for m in tm._send_sock.sent)
         tm._resolve_control(GetServerInfoReqOutput({"n": "b"}, req_id=idb))
         tm._resolve_control(GetServerInfoReqOutput({"n": "a"}, req_id=ida))
-        assert (await a).info == {"n": "a"} and (await b).info == {"n": "b"}
+        assert (await a)[0].info == {"n": "a"} and (await b)[0].info == {"n": "b"}
 
     asyncio.run(scenario())
 
