@@ -124,7 +124,27 @@ def encoded_image_hash(enc: EncodedImage, algo: str = DEFAULT_HASH_ALGO) -> int:
 
 
 def item_hash(item, algo: str = DEFAULT_HASH_ALGO) -> int:
-    return feature_hash(item.feature, algo, getattr(item, "image_grid_thw", None), video_salt(item))
+    grid = getattr(item, "image_grid_thw", None)
+    key = (getattr(item, "model_specific_data", None) or {}).get("source_key")
+    if key is not None and algo != "sha256":
+        return source_key_hash(key, algo, grid, video_salt(item))
+    return feature_hash(item.feature, algo, grid, video_salt(item))
+
+
+def source_key_hash(key: str, algo: str, grid_thw=None, salt: str = "") -> int:
+    """A video decoded from a file: its pixels are a pure function of the file's bytes and the processing
+    config, both in `key`, so hashing that (plus grid and time step) stands for hashing the pixels, which
+    run to hundreds of MB for a long clip. The sha256 baseline keeps hashing pixels."""
+    header = f"video-source|{key}|{tuple(int(g) for g in grid_thw or ())}|{salt}".encode()
+    if algo == "xxh3_128":
+        import xxhash
+
+        return xxhash.xxh3_128(header).intdigest()
+    if algo == "blake3":
+        import blake3
+
+        return int.from_bytes(blake3.blake3(header).digest(16), "little")
+    raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
 
 
 def video_salt(item) -> str:

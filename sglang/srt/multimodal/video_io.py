@@ -52,6 +52,7 @@ class DecodedVideo:
     indices: np.ndarray  # index of each kept frame among the decoded frames
     fps: float | None  # the stream's average frame rate; None when unknown (frames given as images)
     total_frames: int  # frames in the stream (or given)
+    source_digest: str | None = None  # xxh3-128 of the encoded file (None: frames given decoded)
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,12 @@ def load_video(source: Any, sampler: FrameSampler, *, allowed_local_media_path: 
             raise VideoLoadError("loading videos from http(s) URLs is not enabled here: pass the video as base64, "
                                  "a data URL or raw bytes")
         source = fetcher(source.strip())
-    return decode_video(video_bytes(source, allowed_local_media_path), sampler, limits)
+    import xxhash
+
+    data = video_bytes(source, allowed_local_media_path)
+    video = decode_video(data, sampler, limits)
+    video.source_digest = xxhash.xxh3_128_hexdigest(data)  # releases the GIL; a few ms for tens of MB
+    return video
 
 
 __all__ = ["DecodedVideo", "FrameSampler", "RawVideo", "VideoLimits", "VideoLoadError", "decode_video", "frames_from_images",

@@ -140,3 +140,30 @@ def test_raw_video_is_sampled_like_a_file():
     assert np.array_equal(raw.frames, frames[raw.indices])
     with pytest.raises(VideoLoadError, match="uint8"):
         load_video(RawVideo(frames.astype(np.float32), 25.0), ALL)
+
+
+def test_a_decoded_file_is_hashed_by_its_bytes_and_config_not_its_pixels():
+    """The hash of a video decoded from a file stands on the file's digest and the processing config: the
+    pixels are never read (they may run to hundreds of MB); the same file under another config, or other
+    bytes, hash differently; frames given decoded are hashed by their pixels."""
+    import dataclasses
+
+    from sglang.srt.multimodal.hashing import item_hash
+    from sglang.srt.multimodal.processors.qwen_video import expand_video, load_and_process_video
+    from sglang.srt.multimodal.video_io import RawVideo
+
+    cfg = QwenVLVideoProcessor.defaults("qwen2")
+    data = make_clip(64, 48, 10, 1.0)
+
+    def item(src, c=cfg):
+        return expand_video(load_and_process_video(src, c), [], 2, 1, 2, 3, None)
+
+    a, b = item(data), item(data)
+    a.feature = None  # not read
+    assert item_hash(a, "xxh3_128") == item_hash(b, "xxh3_128") and item_hash(a, "blake3") == item_hash(b, "blake3")
+    assert item_hash(item(data, dataclasses.replace(cfg, fps=4.0)), "xxh3_128") != item_hash(b, "xxh3_128")
+    assert item_hash(item(make_clip(64, 48, 10, 1.0, seed=1)), "xxh3_128") != item_hash(b, "xxh3_128")
+    raw = item(RawVideo(bar_frames(64, 48, 10), 10.0))
+    assert "source_key" not in raw.model_specific_data
+    raw2 = item(RawVideo(bar_frames(64, 48, 10), 10.0))
+    assert item_hash(raw, "xxh3_128") == item_hash(raw2, "xxh3_128")

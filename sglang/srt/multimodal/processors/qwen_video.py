@@ -333,6 +333,8 @@ class ProcessedVideo:
     num_frames: int  # sampled frames (before the pair padding)
     decode_ms: float = 0.0  # fetch-free wall time of demuxing + decoding the sampled frames
     preprocess_ms: float = 0.0  # resize, normalize, patchify
+    # what the pixels are a pure function of: the file's digest and the whole config (None: frames given)
+    source_key: str | None = None
 
 
 def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_local_media_path: str | None = None,
@@ -349,9 +351,10 @@ def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_lo
         fps = fps_override
     t1 = time.perf_counter()
     pixel_values, grid = cfg.process(video.frames)
+    key = f"{video.source_digest}|{cfg!r}" if video.source_digest else None
     return ProcessedVideo(pixel_values, grid, cfg.timestamps(video.indices, fps),
                           cfg.second_per_grid_t(len(video.indices), video.total_frames, fps), len(video.indices),
-                          (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3)
+                          (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, key)
 
 
 def request_media_configs(image_processor, video_processor: QwenVLVideoProcessor, kwargs: Mapping[str, Any] | None,
@@ -397,7 +400,8 @@ def expand_video(pv: ProcessedVideo, out_ids: list[int], merge: int, video_token
     return MultimodalDataItem(modality=Modality.VIDEO, feature=pv.pixel_values, image_grid_thw=(int(t), int(gh), int(gw)),
                               offsets=offsets, spatial_merge_size=merge,
                               model_specific_data={"second_per_grid_t": pv.second_per_grid_t, "num_frames": pv.num_frames,
-                                                   "decode_ms": pv.decode_ms, "preprocess_ms": pv.preprocess_ms})
+                                                   "decode_ms": pv.decode_ms, "preprocess_ms": pv.preprocess_ms,
+                                                   **({"source_key": pv.source_key} if pv.source_key else {})})
 
 
 __all__ = ["ProcessedVideo", "expand_video", "request_media_configs", "QwenVLVideoProcessor", "load_and_process_video", "REQUEST_VIDEO_KEYS", "UNKNOWN_FPS", "family_of", "qwen3_video_smart_resize"]
