@@ -59,6 +59,21 @@ def test_greedy_tokens_equal_one_server_and_both_replicas_work(dp2, server):
         assert [_chat(dp2.url, _body(case))["choices"][0]["message"]["content"] for _ in range(2)] == [ref, ref]
 
 
+def test_routed_dp_rank_pins_requests_to_a_replica(dp2):
+    """An external router's choice (upstream's routed_dp_rank, or data_parallel_rank as sglang-router's
+    --dp-aware sends it) is honoured on every route; a rank outside --dp-size is a 400 naming it."""
+    for rank in (0, 1):
+        for key in ("routed_dp_rank", "data_parallel_rank"):
+            r = requests.post(dp2.url + "/generate", timeout=120, json={
+                "text": "pinned", key: rank, "sampling_params": {"max_new_tokens": 2}})
+            assert r.status_code == 200 and r.json()["meta_info"]["dp_rank"] == rank, r.text
+    for url, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                      ("/v1/completions", {"prompt": "hi"})):
+        r = requests.post(dp2.url + url, timeout=120, json={**body, "max_tokens": 2, "routed_dp_rank": 5})
+        assert r.status_code == 400 and "routed_dp_rank" in r.json()["error"]["message"], r.text
+        assert requests.post(dp2.url + url, timeout=120, json={**body, "max_tokens": 2, "routed_dp_rank": 1}).status_code == 200
+
+
 def test_a_busy_replica_gets_no_new_requests_and_abort_reaches_it(dp2):
     wait_until(lambda: _idle(dp2.url), 30, what="an idle server")
     rid = "dp-abort-" + uuid.uuid4().hex

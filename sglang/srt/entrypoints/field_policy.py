@@ -38,7 +38,6 @@ def _only(*allowed: Any) -> Callable[[Any], bool]:
 _NO_LORA = Refusal("LoRA adapters are not supported")
 _NO_SESSIONS = Refusal("sessions are not supported")
 _NO_PD = Refusal("prefill-decode disaggregation is not supported")
-_NO_DP_ROUTING = Refusal("routing a request to a data-parallel rank is not supported")
 _NO_CUSTOM_LOGITS = Refusal("custom logit processors are not supported")
 _NO_CACHE_SALT = Refusal("cache salts and extra cache keys are not supported")
 _NO_HIDDEN = Refusal("hidden states are not returned by this server", (False, None))
@@ -67,8 +66,6 @@ _OPENAI_COMMON: dict[str, Refusal] = {
     "bootstrap_port": _NO_PD,
     "bootstrap_room": _NO_PD,
     "disagg_prefill_dp_rank": _NO_PD,
-    "routed_dp_rank": _NO_DP_ROUTING,
-    "data_parallel_rank": _NO_DP_ROUTING,
     "extra_key": _NO_CACHE_SALT,
     "cache_salt": _NO_CACHE_SALT,
     "ngram_corpus_id": _NO_NGRAM,
@@ -135,8 +132,6 @@ GENERATE_REFUSED: dict[str, Refusal] = {
     "need_wait_for_mm_inputs": _NO_PD,
     "num_items_assigned": _NO_PD,
     "disagg_prefill_dp_rank": _NO_PD,
-    "routed_dp_rank": _NO_DP_ROUTING,
-    "data_parallel_rank": _NO_DP_ROUTING,
     "background": Refusal("background requests are not supported", (False, None)),
     "conversation_id": Refusal("conversation_id is not supported"),
     "extra_key": _NO_CACHE_SALT,

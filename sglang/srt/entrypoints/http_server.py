@@ -338,7 +338,7 @@ _TOP_LEVEL_LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_
 
 
 # the /generate body's keys read by native_requests; upstream's others are in GENERATE_REFUSED
-NATIVE_FIELDS = ("text", "input_ids", "image_data", "video_data", "sampling_params", "stream", "rid", "priority",
+NATIVE_FIELDS = ("routed_dp_rank", "data_parallel_rank", "text", "input_ids", "image_data", "video_data", "sampling_params", "stream", "rid", "priority",
                  "mm_processor_kwargs", "images_config", "require_reasoning", *_TOP_LEVEL_LOGPROB_KEYS)
 
 
@@ -407,6 +407,8 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             mm_processor_kwargs=image_kwargs,
             mm_kwargs_name=image_kwargs_name,
             require_reasoning=_require_reasoning(data.get("require_reasoning")),
+            # upstream's name, then its older one (sglang-router's --dp-aware sends data_parallel_rank)
+            routed_dp_rank=next((data[k] for k in ("routed_dp_rank", "data_parallel_rank") if data.get(k) is not None), None),
         ))
     try:
         expanded = [c for o in objs for c in o.parallel_copies()]

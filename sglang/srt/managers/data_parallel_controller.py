@@ -49,15 +49,20 @@ class LoadBalancer:
         return (r.num_reqs + self.sent_reqs[k] - r.num_received_reqs,
                 r.num_tokens + self.sent_tokens[k] - r.num_received_tokens)
 
-    def pick(self, num_tokens: int) -> int:
+    def pick(self, num_tokens: int, routed: int | None = None) -> int:
+        """The replica for a request of `num_tokens` prompt tokens; `routed`: the one the caller named
+        (an external router's routed_dp_rank, checked to be in range where the request entered)."""
         n = self.dp_size
-        if self.method == "round_robin":
+        if routed is not None:
+            k = routed
+        elif self.method == "round_robin":
             k = self._next
         else:
             key = 0 if self.method == "total_requests" else 1
             # equal loads: the next replica in round-robin order, so an idle server spreads a burst
             k = min(range(n), key=lambda i: (self.held(i)[key], (i - self._next) % n))
-        self._next = (k + 1) % n
+        if routed is None:
+            self._next = (k + 1) % n
         self.sent_reqs[k] += 1
         self.sent_tokens[k] += num_tokens
         return k
@@ -99,9 +104,9 @@ def merge_profile_replies(outs: list[ProfileReqOutput]) -> ProfileReqOutput:
     return ProfileReqOutput(not failed, failed[0] if failed else "", files)
 
 
-def request_header(rid: str, num_tokens: int) -> bytes:
+def request_header(rid: str, num_tokens: int, routed_dp_rank: int | None = None) -> bytes:
     """The first frame of a generation request at dp size > 1: what the controller routes by."""
-    return pickle.dumps((rid, num_tokens), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps((rid, num_tokens, routed_dp_rank), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 # ----------------------------------------------------------------------------- the process
@@ -144,8 +149,8 @@ class DataParallelController:
 
     def _forward(self, frames: list) -> None:
         if len(frames) == 2:  # header + a generation request: one replica
-            rid, num_tokens = pickle.loads(frames[0].bytes)
-            self.replicas[self.balancer.pick(num_tokens)].send(frames[1], copy=False)
+            rid, num_tokens, routed = pickle.loads(frames[0].bytes)
+            self.replicas[self.balancer.pick(num_tokens, routed)].send(frames[1], copy=False)
             return
         data = frames[0].bytes
         for sock in self.replicas:  # control (abort, flush, info, load, profile): every replica

@@ -47,6 +47,8 @@ class GenerateReqInput:
     continue_final_message: bool = False
     # /generate (upstream's field): the output begins inside the reasoning, its constraint applies after it
     require_reasoning: bool = False
+    # the data-parallel replica to run on (an external router's choice; upstream's routed_dp_rank)
+    routed_dp_rank: int | None = None
 
     def parallel_copies(self, max_n: int = 64) -> list["GenerateReqInput"]:
         """`sampling_params["n"]` independent samples of this prompt as n requests (they share its KV
@@ -90,6 +92,7 @@ class TokenizedGenerateReqInput:
     # the output constraint applies after this token (the end of reasoning, `</think>`): set when the
     # prompt leaves the model reasoning under --reasoning-parser (sglang/srt/parser/reasoning_parser.py)
     grammar_start_after: int | None = None
+    routed_dp_rank: int | None = None  # checked against --dp-size; None: the load balancer picks
 
 
 @dataclass

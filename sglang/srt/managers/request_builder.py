@@ -241,6 +241,7 @@ class RequestBuilder:
             priority=req.priority,
             grammar_start_after=self._grammar_start_after(prompt, sampling, req.messages is not None,
                                                           obj.require_reasoning),
+            routed_dp_rank=self._checked_dp_rank(obj.routed_dp_rank),
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
         names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []
@@ -289,6 +290,15 @@ class RequestBuilder:
                 logger.warning("shared memory is full (%s); request %s sends its pixels inline "
                                "(%d request(s) so far; enlarge /dev/shm, e.g. docker --shm-size)", e, rid, n)
             return []
+
+    def _checked_dp_rank(self, rank: Any) -> int | None:
+        if rank is None:
+            return None
+        dp = self.server_args.dp_size
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp:
+            raise GenerateError(f"routed_dp_rank must be an integer in [0, {dp}) (this server runs --dp-size {dp}), "
+                                f"got {rank!r}")
+        return rank
 
     def _fit_max_new_tokens(self, prompt_len: int, asked: int, req: CheckedRequest) -> int:
         """Output room: up to the context length, and within the KV cache, which must hold the prompt

@@ -298,7 +298,7 @@ class TokenizerManager:
             try:
                 self._raise_if_unhealthy()
                 if self.dp_size > 1:  # the data-parallel controller routes by a small header
-                    header = request_header(rid, len(tokenized.input_ids))
+                    header = request_header(rid, len(tokenized.input_ids), tokenized.routed_dp_rank)
                     await self._send_sock.send_multipart([header, payload], copy=False)
                 else:
                     await self._send_sock.send(payload, copy=False)

@@ -18,6 +18,14 @@ def test_round_robin_cycles_whatever_the_load():
     assert [lb.pick(10) for _ in range(6)] == [0, 1, 2, 0, 1, 2]
 
 
+def test_a_routed_request_goes_where_it_was_sent_and_is_counted_there():
+    for method in ("round_robin", "total_requests", "total_tokens"):
+        lb = LoadBalancer(method, 3)
+        assert [lb.pick(7, routed=2) for _ in range(3)] == [2, 2, 2]
+        assert lb.held(2) == (3, 21) and lb.held(0) == (0, 0)
+        assert lb.pick(1) == 0  # routed picks leave the balancer's own order alone
+
+
 def test_total_requests_spreads_a_burst_before_any_report_arrives():
     lb = LoadBalancer("shortest_queue", 2)  # upstream's earlier name
     assert [lb.pick(5) for _ in range(4)] == [0, 1, 0, 1]

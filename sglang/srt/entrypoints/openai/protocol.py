@@ -95,7 +95,17 @@ class StreamOptions(_Tolerant):
     continuous_usage_stats: bool = False  # usage so far in every chunk
 
 
-class ChatCompletionRequest(_Tolerant):
+class _DataParallelRouted(_Tolerant):
+    # the data-parallel replica an external router picked (upstream's name; `data_parallel_rank` is its
+    # older one); None: the server's load balancer picks
+    routed_dp_rank: int | None = None
+    data_parallel_rank: int | None = None
+
+    def dp_rank(self) -> int | None:
+        return self.routed_dp_rank if self.routed_dp_rank is not None else self.data_parallel_rank
+
+
+class ChatCompletionRequest(_DataParallelRouted):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -167,7 +177,7 @@ class ChatCompletionRequest(_Tolerant):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class CompletionRequest(_Tolerant):
+class CompletionRequest(_DataParallelRouted):
     model: str | None = None
     # one prompt (text or token ids) or a list of them: choice index = prompt index * n + sample
     prompt: str | list[int] | list[str] | list[list[int]]

@@ -77,6 +77,7 @@ class OpenAIServingChat(OpenAIServingBase):
             chat_template_kwargs=req.chat_template_kwargs,
             created_time=created,
             priority=req.priority,
+            routed_dp_rank=req.dp_rank(),
             mm_processor_kwargs=image_kwargs,
             mm_kwargs_name=image_kwargs_name,
             tools=tools,

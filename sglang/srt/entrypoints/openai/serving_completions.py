@@ -48,6 +48,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 rid=req.rid if req.rid is None or len(prompts) == 1 else f"{req.rid}-p{p}",
                 created_time=created,
                 priority=req.priority,
+                routed_dp_rank=req.dp_rank(),
             )
             for p, prompt in enumerate(prompts)
         ]
