@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any, get_args, get_origin, get_type_hints
 
 from sglang.srt.environ import envs
+from sglang.srt.port_args import PortArgs  # noqa: F401  (upstream's import path)
 from sglang.srt.function_call.function_call_parser import TOOL_CALL_PARSER_CHOICES
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS
 
@@ -573,56 +574,6 @@ def _base_type(typ):
     return typ
 
 
-@dataclass(frozen=True)
-class PortArgs:
-    """ZMQ endpoints (process-local ipc:// sockets in one private directory) and the torch.distributed
-    rendezvous of one server instance."""
-
-    ipc_dir: str
-    tokenizer_ipc_name: str  # detokenizer -> tokenizer manager
-    scheduler_input_ipc_name: str  # tokenizer manager -> scheduler rank 0
-    detokenizer_ipc_name: str  # scheduler rank 0 -> detokenizer
-    nccl_port: int  # torch.distributed init port when --dist-init-addr is not given
-    # --dp-size > 1: the controller binds scheduler_input_ipc_name and dp_load_ipc_name; replica k's rank 0
-    # binds replica_input_ipc_names[k], and its TP group meets at replica_nccl_ports[k]
-    dp_load_ipc_name: str = ""
-    replica_input_ipc_names: tuple[str, ...] = ()
-    replica_nccl_ports: tuple[int, ...] = ()
-
-    def for_replica(self, dp_rank: int) -> "PortArgs":
-        """What replica `dp_rank`'s schedulers see: their own input socket and rendezvous port."""
-        import dataclasses
-
-        return dataclasses.replace(self, scheduler_input_ipc_name=self.replica_input_ipc_names[dp_rank],
-                                   nccl_port=self.replica_nccl_ports[dp_rank])
-
-    @classmethod
-    def create(cls, server_args: ServerArgs) -> "PortArgs":
-        import os
-        import tempfile
-
-        from sglang.srt.utils.network import pick_unused_port
-
-        d = tempfile.mkdtemp(prefix="sglang-ipc-")
-        if len(f"{d}/detokenizer") > _UNIX_SOCKET_PATH_MAX:  # a deep TMPDIR: ZMQ could not bind there
-            os.rmdir(d)
-            d = tempfile.mkdtemp(prefix="sglang-ipc-", dir="/tmp")
-        port = pick_unused_port()
-        dp = server_args.dp_size
-        return cls(
-            ipc_dir=d,
-            tokenizer_ipc_name=f"ipc://{d}/tokenizer",
-            scheduler_input_ipc_name=f"ipc://{d}/scheduler",
-            detokenizer_ipc_name=f"ipc://{d}/detokenizer",
-            nccl_port=port,
-            dp_load_ipc_name=f"ipc://{d}/dp-load" if dp > 1 else "",
-            replica_input_ipc_names=tuple(f"ipc://{d}/scheduler-dp{k}" for k in range(dp)) if dp > 1 else (),
-            replica_nccl_ports=tuple(pick_unused_port() for _ in range(dp)) if dp > 1 else (),
-        )
-
-
-# sockaddr_un holds 108 bytes on Linux, the terminating NUL included
-_UNIX_SOCKET_PATH_MAX = 107
 
 
 def _triton_importable() -> bool:
