@@ -134,6 +134,9 @@ envs.add("SGLANG_IMAGE_MAX_PIXELS", None, _parse_pixels,
          "unset: the model's preprocessor config (upstream's default, 12845056, is not applied).")
 envs.add("SGLANG_VIDEO_MAX_SECONDS", 3600.0, float,
          "Longest video accepted (seconds, from the file's header); a longer one is a 400 naming the limit.")
+envs.add("SGLANG_VIDEO_CAP_PIXELS_PER_FRAME", False, _parse_bool,
+         "Videos get transformers' cap_pixels_per_frame budget (qwen-vl-utils': each frame an even share of "
+         "max_video_tokens) unless a request says otherwise; off: transformers' default, no clip-wide cap.")
 envs.add("SGLANG_RESIZE_RESAMPLE", "", _parse_resample,
          "Upstream's image resize filter by PIL name: NEAREST, BOX, BILINEAR, HAMMING, BICUBIC or LANCZOS; unset: "
          "the model's preprocessor config (bicubic). Other than BICUBIC, JPEGs are not deferred to the GPU decoder.")

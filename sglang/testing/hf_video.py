@@ -21,7 +21,8 @@ QWEN2_VIDEO = ("qwen2_vl/video_processing_qwen2_vl", "Qwen2VLVideoProcessor")
 QWEN3_VIDEO = ("qwen3_vl/video_processing_qwen3_vl", "Qwen3VLVideoProcessor")
 
 
-def hf_video_method(module_and_class: tuple[str, str], name: str):
+def hf_video_method(module_and_class: tuple[str, str], name: str, extra: dict | None = None):
+    """`extra`: more names the method's body reads (e.g. the module's `smart_resize`)."""
     import transformers.models as models
     from transformers.video_utils import VideoMetadata
 
@@ -31,7 +32,8 @@ def hf_video_method(module_and_class: tuple[str, str], name: str):
         tree = ast.parse(f.read())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
     fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
-    ns = {"math": math, "np": np, "torch": torch, "VideoMetadata": VideoMetadata, "logger": logging.getLogger("hf")}
+    ns = {"math": math, "np": np, "torch": torch, "VideoMetadata": VideoMetadata, "logger": logging.getLogger("hf"),
+          **(extra or {})}
     exec(compile(ast.Module([fn], []), path, "exec"), ns)  # noqa: S102 - transformers' own installed source
     return ns[name]
 

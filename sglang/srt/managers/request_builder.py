@@ -7,6 +7,7 @@ tokenizer, image fetch/decode/preprocess, image hashing, pickling). Every proble
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -91,6 +92,9 @@ class RequestBuilder:
             )
             self.processor.deferred_jpeg = deferred_decode_enabled(server_args.resolved_device())  # gpu-jpeg-decode
             self.processor.video_limits = VideoLimits(max_duration_s=envs.SGLANG_VIDEO_MAX_SECONDS.get())
+            if envs.SGLANG_VIDEO_CAP_PIXELS_PER_FRAME.get():
+                vp = self.processor.video_processor
+                self.processor.video_processor = dataclasses.replace(vp, cap_pixels_per_frame=True)
         self.fetcher = MediaFetcher(server_args.media_fetch_timeout, server_args.media_max_bytes,
                                     HostPolicy(tuple(server_args.allowed_media_domains or ()),
                                                server_args.allow_private_media_urls))

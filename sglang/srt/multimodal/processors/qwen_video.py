@@ -46,15 +46,15 @@ FAMILIES = ("qwen3", "qwen2")
 # frames whose rate the file does not say (a list of frames): transformers assumes 24 fps
 UNKNOWN_FPS = 24.0
 # keys a request may set for videos (mm_processor_kwargs / images_config); pixels are shared with images
-REQUEST_VIDEO_KEYS = ("fps", "max_frames", "min_frames", "num_frames")
+REQUEST_VIDEO_KEYS = ("fps", "max_frames", "min_frames", "num_frames", "cap_pixels_per_frame")
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     # transformers' Qwen3VLVideoProcessor class attributes
     "qwen3": dict(patch_size=16, min_pixels=128 * 32 * 32, max_pixels=32 * 32 * 768, image_mean=(0.5, 0.5, 0.5),
-                  image_std=(0.5, 0.5, 0.5), fps=2.0, do_sample_frames=True),
+                  image_std=(0.5, 0.5, 0.5), fps=2.0, do_sample_frames=True, max_video_tokens=768),
     # Qwen2VLVideoProcessor's, sampling at 2 fps (see the module docstring)
     "qwen2": dict(patch_size=14, min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768, image_mean=OPENAI_CLIP_MEAN,
-                  image_std=OPENAI_CLIP_STD, fps=2.0, do_sample_frames=True),
+                  image_std=OPENAI_CLIP_STD, fps=2.0, do_sample_frames=True, max_video_tokens=128000),
 }
 
 
@@ -113,6 +113,10 @@ class QwenVLVideoProcessor:
     # a request's per-frame pixel limits (mm_processor_kwargs min_pixels / max_pixels), within the above
     frame_min_pixels: int | None = None
     frame_max_pixels: int | None = None
+    # transformers' cap_pixels_per_frame (qwen-vl-utils' budget): off by default there and here; on, each
+    # frame gets an even share of a clip budget of max_video_tokens (qwen3: tokens per frame at most)
+    cap_pixels_per_frame: bool = False
+    max_video_tokens: int = 768
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -133,10 +137,11 @@ class QwenVLVideoProcessor:
         base = cls.defaults(family)
         cfg = cfg or {}
         kw: dict[str, Any] = {}
-        for key in ("patch_size", "temporal_patch_size", "merge_size", "min_frames", "max_frames", "num_frames"):
+        for key in ("patch_size", "temporal_patch_size", "merge_size", "min_frames", "max_frames", "num_frames",
+                    "max_video_tokens"):
             if cfg.get(key) is not None:
                 kw[key] = int(cfg[key])
-        for key in ("do_resize", "do_rescale", "do_normalize", "do_sample_frames"):
+        for key in ("do_resize", "do_rescale", "do_normalize", "do_sample_frames", "cap_pixels_per_frame"):
             if cfg.get(key) is not None:
                 kw[key] = bool(cfg[key])
         if cfg.get("rescale_factor") is not None:
@@ -196,6 +201,11 @@ class QwenVLVideoProcessor:
         lo, hi = changes.get("min_frames", self.min_frames), changes.get("max_frames", self.max_frames)
         if lo > hi:
             raise MultimodalInputError(f"{name}: min_frames {lo} is above max_frames {hi}")
+        cap = kwargs.get("cap_pixels_per_frame")
+        if cap is not None:
+            if not isinstance(cap, bool):
+                raise MultimodalInputError(f"{name}.cap_pixels_per_frame must be true or false, got {cap!r}")
+            changes["cap_pixels_per_frame"] = cap
         for key in ("min_pixels", "max_pixels"):  # per frame; checked by the image rules (positive int)
             if kwargs.get(key) is not None:
                 changes["frame_" + key] = int(kwargs[key])
@@ -253,7 +263,17 @@ class QwenVLVideoProcessor:
         """(min, max) pixels smart_resize works with: per frame (qwen2) or per clip (qwen3), a request's
         per-frame limits applied inside the server's."""
         scale = num_frames if self.family == "qwen3" else 1
-        hi = self.max_pixels if self.frame_max_pixels is None else min(self.max_pixels, self.frame_max_pixels * scale)
+        hi = self.max_pixels
+        if self.cap_pixels_per_frame:  # transformers' resize(cap_pixels_per_frame=True), per family
+            f2 = self.factor * self.factor
+            if self.family == "qwen3":
+                per_frame = max(min(self.max_video_tokens * f2, hi // num_frames), int(self.min_pixels * 1.05))
+                hi = per_frame * num_frames
+            else:
+                total = int(self.max_video_tokens * f2 * 0.9)
+                hi = max(min(hi, total * self.temporal_patch_size // num_frames), int(self.min_pixels * 1.05))
+        if self.frame_max_pixels is not None:
+            hi = min(hi, self.frame_max_pixels * scale)
         lo = self.min_pixels if self.frame_min_pixels is None else self.frame_min_pixels * scale
         return min(lo, hi), hi
 

@@ -9,6 +9,7 @@ processor. The table covers 1-4 s clips at 5-30 fps and odd sizes; a GPU-only te
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -134,3 +135,25 @@ def test_one_frame_is_refused():
         QwenVLVideoProcessor.defaults("qwen3").grid_thw(1, 64, 64)
     with pytest.raises(MultimodalInputError, match="at least 2"):
         QwenVLVideoProcessor.defaults("qwen2").sample_indices(1, 30.0)
+
+
+@pytest.mark.parametrize("n,h,w", [(4, 720, 1280), (20, 1080, 1920), (60, 720, 1280), (9, 97, 1001), (300, 360, 640)])
+def test_qwen3_pixel_cap_equals_transformers(n, h, w):
+    """cap_pixels_per_frame (off by default in transformers and here): Qwen3-VL's patch count equals
+    transformers' get_num_of_video_patches with the cap on."""
+    count = hf_video_method(QWEN3_VIDEO, "get_num_of_video_patches", {"smart_resize": hf_qwen3_smart_resize})
+    hf_self = hf_processor_self(size={"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768}, patch_size=16,
+                                merge_size=2, cap_pixels_per_frame=True, max_video_tokens=768)
+    ours = QwenVLVideoProcessor.defaults("qwen3").for_request({"cap_pixels_per_frame": True}, "kw")
+    t, gh, gw = ours.grid_thw(n, h, w)
+    assert t * gh * gw == count(hf_self, n, h, w, {})
+
+
+def test_qwen2_pixel_cap_bounds_the_clip():
+    """Qwen2.5-VL with the cap: a long clip's frames shrink so the clip stays near max_video_tokens (90%
+    budget), where uncapped every frame keeps the per-frame budget."""
+    base = QwenVLVideoProcessor.defaults("qwen2")
+    capped = dataclasses.replace(base, cap_pixels_per_frame=True, max_video_tokens=4096)
+    tokens = lambda cfg, n: (lambda t, h, w: t * h * w // 4)(*cfg.grid_thw(n, 720, 1280))  # noqa: E731
+    assert tokens(capped, 40) <= 4096 < tokens(base, 40)
+    assert tokens(capped, 4) == tokens(base, 4)  # a short clip is under the budget: unchanged
