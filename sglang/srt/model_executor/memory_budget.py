@@ -33,8 +33,10 @@ def prefill_activation_bytes(text, chunk_tokens: int, context_length: int, dtype
     qkv = chunk_tokens * (heads_q + 2 * heads_kv) * text.head_dim * dtype_bytes * 2  # projection + rotary
     mlp = chunk_tokens * inter * dtype_bytes * 3  # gate and up (fused), the activation
     keys = context_length * heads_kv * text.head_dim * dtype_bytes * 4  # K and V gathered, then transposed
-    scores = SCORE_TILE_BYTES * 3  # one query tile's scores, probabilities and mask
-    logits = PROMPT_LOGPROB_ROWS * text.vocab_size * 4 * 2  # float32 logits and their log-softmax
+    # one query tile's scores, probabilities and mask: a tile holds at most the whole chunk's scores
+    scores = min(SCORE_TILE_BYTES, chunk_tokens * context_length * heads_q * 4) * 3
+    # float32 logits and their log-softmax, for at most PROMPT_LOGPROB_ROWS of the chunk's rows at a time
+    logits = min(PROMPT_LOGPROB_ROWS, chunk_tokens) * text.vocab_size * 4 * 2
     return hidden + qkv + mlp + keys + scores + logits
 
 

@@ -24,6 +24,16 @@ def test_activations_grow_with_the_chunk_and_linearly_with_the_context():
     assert prefill_activation_bytes(Q3_4B, 8192, 32768, 2, tp_size=4) < a
 
 
+def test_a_small_chunk_needs_little_the_fixed_terms_shrink_with_it():
+    """The score tile and the logits rows are bounded by the chunk too: a 16-token chunk of a 4k context
+    needs tens of MiB, not the 0.77 GiB of a full tile and 512 logits rows (which once refused start-up
+    of --chunked-prefill-size 16 servers on a busy host)."""
+    sizes = [16, 64, 256, 1024, 8192]
+    needs = [prefill_activation_bytes(Q3_4B, n, 4096, 2) for n in sizes]
+    assert needs == sorted(needs) and len(set(needs)) == len(needs)
+    assert needs[0] < 0.1 * GiB
+
+
 def test_a_chunk_that_fits_is_kept_without_a_word():
     assert fit_chunk(8192, lambda n: n * 1000, available=100 * GiB) == (8192, None)
 
