@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sglang.srt.multimodal import deferred_decode as dd  # noqa: E402
 from sglang.srt.multimodal.image_io import decode_base64, load_image  # noqa: E402
 from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem  # noqa: E402
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, process_image  # noqa: E402
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor, process_image  # noqa: E402
 
 # Qwen3-VL's preprocessor_config.json
 QWEN3 = QwenVLImageProcessor(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3,

@@ -34,7 +34,7 @@ from inprocess_scheduler import BenchScheduler  # noqa: E402
 
 from sglang.srt.multimodal.hashing import HASH_ALGOS, feature_hash, precompute_item_hashes  # noqa: E402
 from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem, MultimodalInputs  # noqa: E402
-from sglang.srt.multimodal.processors.qwen_vl import smart_resize  # noqa: E402
+from sglang.srt.multimodal.processors.qwen_image import smart_resize  # noqa: E402
 
 SIZES = {"1280x720": (720, 1280), "1920x1080": (1080, 1920)}
 PATCH, MERGE, TEMPORAL = 16, 2, 2

@@ -13,7 +13,7 @@ from PIL import Image
 from sglang.srt.multimodal.deferred_decode import defer_jpeg
 from sglang.srt.multimodal.image_io import load_image
 from sglang.srt.multimodal.jpeg_header import parse_jpeg_header
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, SmartResizeError
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor, SmartResizeError
 
 QWEN3 = QwenVLImageProcessor(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3,
                              min_pixels=32 * 32, max_pixels=256 * 256)

@@ -16,7 +16,9 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "managers"))
 from scheduler_utils import InProcessScheduler  # noqa: E402
 
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor  # noqa: E402
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor  # noqa: E402
 
 PLACEHOLDER = [151652, 151655, 151653]
 KV_TOKENS = 320

@@ -8,12 +8,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from sglang.srt.multimodal.processors.qwen_vl import (
-    QwenVLImageProcessor,
-    QwenVLProcessor,
-    SmartResizeError,
-    smart_resize,
-)
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor, SmartResizeError, smart_resize
+
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 
 try:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as ref_smart_resize

@@ -140,7 +140,7 @@ def decode_images(encs: list[EncodedImage], device) -> list[torch.Tensor]:
 
 def pil_pixels(enc: EncodedImage) -> torch.Tensor:
     """The tokenizer path's own decode and preprocessing, run here: bit-identical pixel_values."""
-    from sglang.srt.multimodal.processors.qwen_vl import resize_and_patchify
+    from sglang.srt.multimodal.processors.qwen_image import resize_and_patchify
 
     cfg = enc.processor
     rh, rw = enc.target_hw

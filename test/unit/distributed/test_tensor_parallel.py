@@ -16,7 +16,8 @@ from scheduler_utils import InProcessScheduler  # noqa: E402
 from tp_worker_main import run_rank  # noqa: E402
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor  # noqa: E402
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor  # noqa: E402
 from sglang.srt.multimodal.transport.shm import SHM_DIR, mm_items_to_shm, segment_prefix  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.utils.network import pick_unused_port  # noqa: E402

@@ -10,7 +10,8 @@ import torch
 from scheduler_utils import InProcessScheduler
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 
 PLACEHOLDER = [151652, 151655, 151653]
 

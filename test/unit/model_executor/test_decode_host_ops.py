@@ -16,7 +16,8 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, build_forward_batch, compute_positions
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.testing.op_count import count_aten_ops
 

@@ -12,7 +12,8 @@ from PIL import Image
 from sglang.srt.environ import envs
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 
 IMAGE_PAD, VISION_START, VISION_END = 151655, 151652, 151653
 PLACEHOLDER = [VISION_START, IMAGE_PAD, VISION_END]

@@ -17,7 +17,8 @@ from sglang.srt.multimodal import deferred_decode as dd
 from sglang.srt.multimodal.hashing import feature_hash, item_hash
 from sglang.srt.multimodal.image_io import ImageLoadError
 from sglang.srt.multimodal.mm_types import EncodedImage, Modality, MultimodalDataItem
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 
 IMG = 151655
 QWEN3 = QwenVLImageProcessor(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3,

@@ -283,7 +283,7 @@ class QwenVLVideoProcessor:
         lo, hi = self.pixel_limits(num_frames)
         if self.family == "qwen3":
             return qwen3_video_smart_resize(num_frames, height, width, self.temporal_patch_size, self.factor, lo, hi)
-        from sglang.srt.multimodal.processors.qwen_vl import smart_resize
+        from sglang.srt.multimodal.processors.qwen_image import smart_resize
 
         return smart_resize(height, width, self.factor, lo, hi)
 

@@ -12,7 +12,8 @@ from PIL import Image
 
 from sglang.srt.multimodal.processors.base import MultimodalInputError
 from sglang.srt.multimodal.processors.image_options import RESAMPLE_FILTERS, request_image_config
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor, QwenVLProcessor, process_image
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor, process_image
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 from sglang.srt.server_args import ServerArgs
 
 IMG, VS, VE = 151655, 151652, 151653
