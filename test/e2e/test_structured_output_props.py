@@ -57,9 +57,10 @@ SAMPLINGS = [{"temperature": 0}, {"temperature": 1.0, "seed": 7}]
 
 
 @pytest.fixture(scope="module")
-def props_server(launch_server):
-    # whitespace runs capped: the random model would otherwise pad JSON with whitespace up to the limit
-    return launch_server("--constrained-json-max-whitespace-cnt", "2")
+def props_server(tools_server):
+    # the session's constrained-output server (JSON whitespace runs capped: the random model would otherwise
+    # pad JSON up to the limit); these tests use /v1/completions, which its reasoning parser leaves alone
+    return tools_server
 
 
 def _complete(server, extra: dict, sampling: dict) -> dict:
