@@ -81,18 +81,26 @@ def feature_hash(feature, algo: str = DEFAULT_HASH_ALGO, grid_thw=None, salt: st
         return encoded_image_hash(feature, algo)
     if algo == "sha256":
         return sha256_feature_hash(feature)
-    view = _as_bytes_view(feature)
+    return _digest(algo, _header(feature, grid_thw, salt), _as_bytes_view(feature))
+
+
+def _digest(algo: str, header: bytes, data=b"") -> int:
+    """`header` then `data` digested by `algo`: 64 bits for sha256, 128 for xxh3_128 and blake3."""
+    if algo == "sha256":
+        h = hashlib.sha256(header)
+        h.update(data)
+        return int.from_bytes(h.digest()[:8], "little")
     if algo == "xxh3_128":
         import xxhash
 
-        h = xxhash.xxh3_128(_header(feature, grid_thw, salt))
-        h.update(view)
+        h = xxhash.xxh3_128(header)
+        h.update(data)
         return h.intdigest()
     if algo == "blake3":
         import blake3
 
-        h = blake3.blake3(_header(feature, grid_thw, salt))
-        h.update(view)
+        h = blake3.blake3(header)
+        h.update(data)
         return int.from_bytes(h.digest(16), "little")
     raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
 
@@ -104,23 +112,7 @@ def encoded_image_hash(enc: EncodedImage, algo: str = DEFAULT_HASH_ALGO) -> int:
     params = (cfg.patch_size, cfg.temporal_patch_size, cfg.merge_size, cfg.image_mean, cfg.image_std,
               cfg.do_rescale, cfg.rescale_factor, cfg.do_normalize, cfg.resample) if cfg is not None else ()
     header = f"encoded-jpeg|{tuple(enc.target_hw)}|{tuple(enc.grid_thw)}|{params}|".encode()
-    if algo == "sha256":
-        h = hashlib.sha256(header)
-        h.update(enc.data)
-        return int.from_bytes(h.digest()[:8], "little")
-    if algo == "xxh3_128":
-        import xxhash
-
-        h = xxhash.xxh3_128(header)
-        h.update(enc.data)
-        return h.intdigest()
-    if algo == "blake3":
-        import blake3
-
-        h = blake3.blake3(header)
-        h.update(enc.data)
-        return int.from_bytes(h.digest(16), "little")
-    raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
+    return _digest(algo, header, enc.data)
 
 
 def item_hash(item, algo: str = DEFAULT_HASH_ALGO) -> int:
@@ -135,16 +127,9 @@ def source_key_hash(key: str, algo: str, grid_thw=None, salt: str = "") -> int:
     """A video decoded from a file: its pixels are a pure function of the file's bytes and the processing
     config, both in `key`, so hashing that (plus grid and time step) stands for hashing the pixels, which
     run to hundreds of MB for a long clip. The sha256 baseline keeps hashing pixels."""
-    header = f"video-source|{key}|{tuple(int(g) for g in grid_thw or ())}|{salt}".encode()
-    if algo == "xxh3_128":
-        import xxhash
-
-        return xxhash.xxh3_128(header).intdigest()
-    if algo == "blake3":
-        import blake3
-
-        return int.from_bytes(blake3.blake3(header).digest(16), "little")
-    raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
+    if algo == "sha256":  # item_hash never asks: the sha256 baseline hashes the pixels
+        raise ValueError("source_key_hash is for the fast hashes (xxh3_128, blake3)")
+    return _digest(algo, f"video-source|{key}|{tuple(int(g) for g in grid_thw or ())}|{salt}".encode())
 
 
 def video_salt(item) -> str:
