@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from sglang.srt.function_call.core_types import StreamingParseResult, ToolCallItem
+from sglang.srt.utils.text import partial_match_len
 
 logger = logging.getLogger(__name__)
 
@@ -107,13 +108,6 @@ def _trim(text: str, after_call: bool, before_call: bool) -> str:
     return text
 
 
-def _held_prefix_len(buf: str, token: str) -> int:
-    """Length of the longest end of `buf` that is a proper prefix of `token` (it may become the token)."""
-    for k in range(min(len(buf), len(token) - 1), 0, -1):
-        if token.startswith(buf[-k:]):
-            return k
-    return 0
-
 
 class Qwen25Detector:
     start_token = START
@@ -185,7 +179,7 @@ class Qwen25Detector:
             self._held_ws, self._buf, self._in_call = "", self._buf[i + len(START):], True
             self._reset_call()
             return True
-        keep = _held_prefix_len(self._buf, START)
+        keep = partial_match_len(self._buf, (START,))
         text = self._held_ws + self._buf[: len(self._buf) - keep]
         self._buf = self._buf[len(self._buf) - keep:]
         if self._after_call:

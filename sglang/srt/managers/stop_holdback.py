@@ -7,19 +7,10 @@ from __future__ import annotations
 
 import regex
 
+from sglang.srt.utils.text import partial_match_len
+
 # the end of the text searched for a partial stop_regex match (a match is at most 64 tokens long)
 _REGEX_HOLDBACK_CHARS = 1024
-
-
-def stop_string_holdback(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
 
 
 def stop_regex_holdback(text: str, patterns: list[str]) -> int:
@@ -36,4 +27,4 @@ def stop_regex_holdback(text: str, patterns: list[str]) -> int:
 
 
 def stop_holdback(text: str, stops: list[str], patterns: list[str]) -> int:
-    return max(stop_string_holdback(text, stops), stop_regex_holdback(text, patterns) if patterns else 0)
+    return max(partial_match_len(text, stops), stop_regex_holdback(text, patterns) if patterns else 0)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sglang.srt.utils.text import partial_match_len
+
 THINK_START = "<think>"
 THINK_END = "</think>"
 
@@ -49,13 +51,6 @@ def prompt_opens_reasoning(name: str, prompt: str | None) -> bool:
         return False
     return prompt.rfind(fmt.start) > prompt.rfind(fmt.end)
 
-
-def _held_len(buf: str, token: str) -> int:
-    """Length of the longest end of `buf` that is a proper prefix of `token`."""
-    for k in range(min(len(buf), len(token) - 1), 0, -1):
-        if token.startswith(buf[-k:]):
-            return k
-    return 0
 
 
 class ReasoningParser:
@@ -132,7 +127,7 @@ class ReasoningParser:
             self._held_ws, self._buf = "", rest
             self._state, self._trim_content = "content", True
             return piece
-        keep = _held_len(self._buf, self.fmt.end)
+        keep = partial_match_len(self._buf, (self.fmt.end,))
         text, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
         if not self._began:
             text = text.lstrip()

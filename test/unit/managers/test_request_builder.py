@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from sglang.srt.managers.chat_messages import split_chat_images
 from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.request_builder import make_sampling_params, merge_image_sources
-from sglang.srt.managers.stop_holdback import stop_regex_holdback, stop_string_holdback
+from sglang.srt.managers.stop_holdback import stop_regex_holdback
+from sglang.srt.utils.text import partial_match_len
 
 
 def test_split_chat_images_keeps_order_and_renders_image_parts():
@@ -59,7 +60,7 @@ def test_make_sampling_params():
 
 @given(text=st.text("abc", max_size=12), stops=st.lists(st.text("abc", min_size=1, max_size=4), max_size=3))
 def test_holdback_is_the_longest_stop_prefix_suffix(text, stops):
-    k = stop_string_holdback(text, stops)
+    k = partial_match_len(text, stops)
     expected = max([j for s in stops for j in range(1, len(s)) if text.endswith(s[:j])], default=0)
     assert k == expected
 
@@ -75,10 +76,10 @@ def test_stop_regex_is_checked_where_the_request_enters():
 
 
 @given(text=st.text("abc", max_size=12), stops=st.lists(st.text("abc", min_size=1, max_size=4), max_size=3))
-def test_regex_holdback_of_a_literal_is_the_stop_string_holdback(text, stops):
+def test_regex_holdback_of_a_literal_is_the_partial_match_len(text, stops):
     import regex
 
-    assert stop_regex_holdback(text, [regex.escape(s) for s in stops]) == stop_string_holdback(text, stops)
+    assert stop_regex_holdback(text, [regex.escape(s) for s in stops]) == partial_match_len(text, stops)
 
 
 def test_regex_holdback_covers_a_match_in_progress():
