@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang.srt.entrypoints.field_policy import check_fields
 from sglang.srt.function_call.function_call_parser import FunctionCallParser, resolve_tool_call_parser
 from sglang.srt.function_call.tool_constraint import ToolChoiceError, function_of
 from sglang.srt.managers.errors import GenerateError
@@ -19,9 +20,9 @@ from sglang.srt.parser.reasoning_parser import ReasoningParser
 
 
 def _fields(data: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    for key in data:
-        if key not in allowed:
-            raise GenerateError(f"Unrecognized request argument supplied: {key}")
+    problem = check_fields(data, allowed, {})
+    if problem:
+        raise GenerateError(problem)
     if not isinstance(data.get("text"), str):
         raise GenerateError("text must be a string")
 
