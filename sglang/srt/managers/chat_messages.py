@@ -18,14 +18,6 @@ from typing import Any
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def split_chat_images(messages: Any) -> tuple[list[dict[str, Any]], list[Any]]:
-    """`split_chat_media` for callers that take no videos: a video part is a ValueError naming it."""
-    out, images, videos = split_chat_media(messages)
-    if videos:
-        raise ValueError("video parts are not accepted here")
-    return out, images
-
-
 def split_chat_media(messages: Any) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
     """Returns `(template_messages, image_sources, video_sources)`. A source is None for a bare
     `{"type": "image"}` / `{"type": "video"}` part, whose media the caller supplies separately

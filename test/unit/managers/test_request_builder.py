@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang.srt.managers.chat_messages import split_chat_images
+from sglang.srt.managers.chat_messages import split_chat_media
 from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.request_builder import make_sampling_params, merge_image_sources
 from sglang.srt.managers.stop_holdback import stop_regex_holdback
 from sglang.srt.utils.text import partial_match_len
 
 
-def test_split_chat_images_keeps_order_and_renders_image_parts():
+def test_split_chat_media_keeps_order_and_renders_image_parts():
     msgs = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [
@@ -24,7 +24,7 @@ def test_split_chat_images_keeps_order_and_renders_image_parts():
             {"type": "image"},
         ]},
     ]
-    out, images = split_chat_images(msgs)
+    out, images, _ = split_chat_media(msgs)
     assert images == ["data:a", "data:b", None]
     assert out[1]["content"] == [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}, {"type": "image"}]
     assert msgs[1]["content"][0]["type"] == "image_url"  # the caller's messages are not modified
@@ -41,9 +41,9 @@ def test_split_chat_images_keeps_order_and_renders_image_parts():
     ([{"role": "user", "content": [{"type": "audio_url"}]}], "audio_url"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "image_url.url"),
 ])
-def test_split_chat_images_names_the_problem(msgs, match):
+def test_split_chat_media_names_the_problem(msgs, match):
     with pytest.raises(ValueError, match=match):
-        split_chat_images(msgs)
+        split_chat_media(msgs)
 
 
 def test_make_sampling_params():

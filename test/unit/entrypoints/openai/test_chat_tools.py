@@ -113,13 +113,13 @@ def test_output_becomes_reasoning_content_and_tool_calls():
 
 
 def test_template_gets_arguments_as_objects():
-    from sglang.srt.managers.chat_messages import split_chat_images
+    from sglang.srt.managers.chat_messages import split_chat_media
 
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": [1]}'}}
-    msgs, _ = split_chat_images([{"role": "assistant", "content": None, "tool_calls": [call]}])
+    msgs, _, _ = split_chat_media([{"role": "assistant", "content": None, "tool_calls": [call]}])
     assert msgs[0]["tool_calls"][0]["function"]["arguments"] == {"a": [1]}
     bad = {**call, "function": {"name": "f", "arguments": "{oops"}}
     with pytest.raises(ValueError, match=r"messages\[0\].tool_calls\[0\].function.arguments is not valid JSON"):
-        split_chat_images([{"role": "assistant", "tool_calls": [bad]}])
+        split_chat_media([{"role": "assistant", "tool_calls": [bad]}])
     with pytest.raises(ValueError, match=r"messages\[0\]: only assistant messages carry tool_calls"):
-        split_chat_images([{"role": "user", "content": "x", "tool_calls": [call]}])
+        split_chat_media([{"role": "user", "content": "x", "tool_calls": [call]}])
