@@ -28,7 +28,7 @@ from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
 from sglang.srt.entrypoints.field_policy import GENERATE_REFUSED, check_fields
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
-from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList, pick_image_settings
+from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList, pick_dp_rank, pick_image_settings
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
     collect_until_disconnect,
@@ -338,8 +338,9 @@ _TOP_LEVEL_LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_
 
 
 # the /generate body's keys read by native_requests; upstream's others are in GENERATE_REFUSED
-NATIVE_FIELDS = ("routed_dp_rank", "data_parallel_rank", "text", "input_ids", "image_data", "video_data", "sampling_params", "stream", "rid", "priority",
-                 "mm_processor_kwargs", "images_config", "require_reasoning", *_TOP_LEVEL_LOGPROB_KEYS)
+NATIVE_FIELDS = ("text", "input_ids", "image_data", "video_data", "sampling_params", "stream", "rid", "priority",
+                 "mm_processor_kwargs", "images_config", "require_reasoning", "routed_dp_rank", "data_parallel_rank",
+                 *_TOP_LEVEL_LOGPROB_KEYS)
 
 
 def _require_reasoning(value: Any) -> bool:
@@ -387,6 +388,8 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
         image_kwargs, image_kwargs_name = pick_image_settings(data.get("mm_processor_kwargs"), data.get("images_config"))
     except ValueError as e:
         raise GenerateError(str(e)) from None
+    require_reasoning = _require_reasoning(data.get("require_reasoning"))
+    routed_dp_rank = pick_dp_rank(data.get("routed_dp_rank"), data.get("data_parallel_rank"))
     objs = []
     for i, prompt in enumerate(prompts):
         img = per_images[i]
@@ -406,9 +409,8 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             priority=priorities[i],
             mm_processor_kwargs=image_kwargs,
             mm_kwargs_name=image_kwargs_name,
-            require_reasoning=_require_reasoning(data.get("require_reasoning")),
-            # upstream's name, then its older one (sglang-router's --dp-aware sends data_parallel_rank)
-            routed_dp_rank=next((data[k] for k in ("routed_dp_rank", "data_parallel_rank") if data.get(k) is not None), None),
+            require_reasoning=require_reasoning,
+            routed_dp_rank=routed_dp_rank,
         ))
     try:
         expanded = [c for o in objs for c in o.parallel_copies()]

@@ -26,6 +26,12 @@ def pick_image_settings(mm_processor_kwargs: Any, images_config: Any) -> tuple[A
     return mm_processor_kwargs, "mm_processor_kwargs"
 
 
+def pick_dp_rank(routed_dp_rank: Any, data_parallel_rank: Any) -> Any:
+    """The data-parallel replica a request names: upstream's `routed_dp_rank`, else its older
+    `data_parallel_rank` (what sglang-router's --dp-aware sends); None: the load balancer picks."""
+    return routed_dp_rank if routed_dp_rank is not None else data_parallel_rank
+
+
 def merge_media_io_kwargs(kwargs: Any, name: str, media_io_kwargs: Any) -> tuple[Any, str]:
     """vLLM's per-request `media_io_kwargs` ({"video": {"fps": ..., "num_frames": ...}}) joined to the
     request's processor settings: video loading settings only; another modality, or a key given in both
@@ -102,7 +108,7 @@ class _DataParallelRouted(_Tolerant):
     data_parallel_rank: int | None = None
 
     def dp_rank(self) -> int | None:
-        return self.routed_dp_rank if self.routed_dp_rank is not None else self.data_parallel_rank
+        return pick_dp_rank(self.routed_dp_rank, self.data_parallel_rank)
 
 
 class ChatCompletionRequest(_DataParallelRouted):
