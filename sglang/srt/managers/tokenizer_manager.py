@@ -65,9 +65,9 @@ UNSENT_SHM_MAX_AGE_S = 30.0
 class _ReqState:
     rid: str
     stream: bool
-    stop: list[str]  # stop strings and stop_regex patterns whose matches are cut off (none with no_stop_trim)
+    stop: list[str]  # stop strings whose matches are cut off, so streams hold back their prefixes (none with no_stop_trim)
     created_time: float
-    stop_regex: list[str] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)  # likewise for stop_regex patterns
     event: asyncio.Event = field(default_factory=asyncio.Event)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
