@@ -76,6 +76,13 @@ class RequestBuilder:
             self.hf_config: dict[str, Any] = json.load(f)
         text_cfg = self.hf_config.get("text_config") or self.hf_config
         self.vocab_size = int(text_cfg.get("vocab_size") or len(self.tokenizer))
+        # --reasoning-parser: the tag ending the reasoning and its token ids, tokenized once (a constraint
+        # on an output that begins inside the reasoning starts after that token)
+        parser = server_args.reasoning_parser
+        self._reasoning_end: tuple[str, list[int]] | None = None
+        if parser:
+            end = reasoning_format(parser).end
+            self._reasoning_end = (end, self.tokenizer.encode(end, add_special_tokens=False))
         self.context_length = int(
             server_args.context_length
             or (scheduler_info.context_length if scheduler_info else 0)
@@ -352,8 +359,7 @@ class RequestBuilder:
         opens = bool(parser) and (require_reasoning or (chat and prompt_opens_reasoning(parser, prompt)))
         if not opens or sampling.grammar_key() is None:
             return None
-        end = reasoning_format(parser).end
-        ids = self.tokenizer.encode(end, add_special_tokens=False)
+        end, ids = self._reasoning_end
         if len(ids) != 1:
             raise GenerateError(f"an output constraint after reasoning needs {end} to be one token, and this "
                                 f"tokenizer splits it in {len(ids)}; drop the constraint or the reasoning")
