@@ -54,9 +54,8 @@ class IncrementalDetokenizer:
         if finish is None:
             st.sent_text += delta
             return delta
+        # A stop match is cut off by the tokenizer manager, the one place that holds the whole text.
         del self.states[rid]
-        if finish.type == "stop" and finish.stop_text:
-            delta = _trim_at_stop(st.sent_text, delta, finish.stop_text)
         return delta
 
     def _advance(self, st: DecodeState, final: bool) -> str:
@@ -88,15 +87,6 @@ class IncrementalDetokenizer:
             cached_tokens=msg.cached_tokens,
             meta_info=msg.meta_info,
         )
-
-
-def _trim_at_stop(sent: str, delta: str, stop: str) -> str:
-    """The final delta such that the whole output ends before the first occurrence of `stop`. When
-    that point lies in text already sent, nothing can be recalled: the delta stays whole, so the
-    receiver (which holds streamed stop prefixes back) sees the full text and trims it itself."""
-    full = sent + delta
-    idx = full.find(stop)
-    return full[len(sent) : idx] if idx >= len(sent) else delta
 
 
 class DetokenizerManager:

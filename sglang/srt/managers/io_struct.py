@@ -141,9 +141,22 @@ class FinishReason:
     matched: int | str | None = None  # the stop token id or stop string that ended generation
     message: str | None = None  # for "abort": why (client gone, bad request, server error)
     status_code: int | None = None  # for "abort" caused by bad input: the HTTP status to answer with
-    # for "stop" by a stop string or stop_regex: the text the output is cut before (its first occurrence);
-    # None keeps the output whole (a stop token, or no_stop_trim)
+    # for "stop" by a stop string or stop_regex: the text the output is cut before; None keeps the output
+    # whole (a stop token, or no_stop_trim). A stop string cuts at its first occurrence; a stop_regex match
+    # at the place it was found: `stop_chars_after` characters before the end of the output.
     stop_text: str | None = None
+    stop_chars_after: int | None = None
+
+    def stop_cut(self, text: str) -> int | None:
+        """Where the whole output `text` ends once the stop match is cut off; None keeps it whole."""
+        if self.type != "stop" or not self.stop_text:
+            return None
+        if self.stop_chars_after is not None:
+            start = len(text) - self.stop_chars_after - len(self.stop_text)
+            if start >= 0 and text.startswith(self.stop_text, start):
+                return start
+        idx = text.find(self.stop_text)
+        return idx if idx >= 0 else None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"type": self.type}

@@ -6,12 +6,10 @@ from __future__ import annotations
 import logging
 import time
 
-import regex
-
 from sglang.srt.managers.io_struct import BatchTokenIDOut, FinishReason
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.metrics.stage_timer import STAGES, rounded
-from sglang.srt.sampling.sampling_params import STOP_REGEX_WINDOW_TOKENS
+from sglang.srt.sampling.stop_regex import StopRegexError, search_output
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +94,15 @@ class SchedulerOutputProcessorMixin:
                 if s in tail:
                     return FinishReason("stop", matched=s, stop_text=None if sp.no_stop_trim else s)
         if sp.stop_regex:
-            tail = self.tokenizer.decode(req.output_ids[-STOP_REGEX_WINDOW_TOKENS:])
-            for pattern in sp.stop_regex:
-                m = regex.search(pattern, tail)
-                if m is not None:
-                    return FinishReason("stop", matched=pattern, stop_text=None if sp.no_stop_trim else m.group(0))
+            try:  # decoded as the detokenizer does, so that the cut lands on the same characters there
+                m = search_output(sp.stop_regex, req.output_ids,
+                                  lambda ids: self.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens))
+            except StopRegexError as e:
+                return FinishReason("abort", message=str(e), status_code=400)
+            if m is not None:
+                trim = not sp.no_stop_trim
+                return FinishReason("stop", matched=m.pattern, stop_text=m.text if trim else None,
+                                    stop_chars_after=m.chars_after if trim else None)
         if len(req.output_ids) >= sp.max_new_tokens:
             return FinishReason("length")
         if req.prompt_len + len(req.output_ids) >= self.context_length:

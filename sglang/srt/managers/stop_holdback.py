@@ -1,30 +1,29 @@
 """How much of a streamed output's end is held back because it may turn into a stop match.
 
 A stop string or stop_regex match cuts the output before it; text already streamed cannot be taken back,
-so a stream sends only the text that cannot be the beginning of a match."""
+so a stream sends only the text that cannot be the beginning of a match. This runs on the HTTP event loop
+for every chunk: the stop_regex part is bounded in time (sampling/stop_regex.py), and a pattern that once
+runs out of time is not searched again for this request: its stream holds back the whole searched end."""
 
 from __future__ import annotations
 
-import regex
-
+from sglang.srt.sampling.stop_regex import HOLDBACK_CHARS, StopRegexError, partial_match_start
 from sglang.srt.utils.text import partial_match_len
 
-# the end of the text searched for a partial stop_regex match (a match is at most 64 tokens long)
-_REGEX_HOLDBACK_CHARS = 1024
 
+class StopHoldback:
+    def __init__(self, stops: list[str], patterns: list[str]):
+        self.stops = list(stops)
+        self.patterns = list(patterns)
+        self.regex_exhausted = False  # a partial-match search ran out of time once
 
-def stop_regex_holdback(text: str, patterns: list[str]) -> int:
-    """Length of the longest suffix of `text` where a stop_regex match could begin: a match of the
-    pattern that the text ends in the middle of (the `regex` module's partial matching)."""
-    window = text[-_REGEX_HOLDBACK_CHARS:]
-    best = 0
-    for p in patterns:
-        for m in regex.finditer(p, window, partial=True, overlapped=True):
-            if m.partial:
-                best = max(best, len(window) - m.start())
-                break
-    return best
-
-
-def stop_holdback(text: str, stops: list[str], patterns: list[str]) -> int:
-    return max(partial_match_len(text, stops), stop_regex_holdback(text, patterns) if patterns else 0)
+    def length(self, text: str) -> int:
+        held = partial_match_len(text, self.stops)
+        if not self.patterns:
+            return held
+        if not self.regex_exhausted:
+            try:
+                return max(held, partial_match_start(text, self.patterns))
+            except StopRegexError:
+                self.regex_exhausted = True
+        return max(held, min(len(text), HOLDBACK_CHARS))

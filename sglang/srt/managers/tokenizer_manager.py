@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, AsyncIterator, Callable
 
 from sglang.srt.constrained.validation import GrammarValidator
-from sglang.srt.managers.stop_holdback import stop_holdback
+from sglang.srt.managers.stop_holdback import StopHoldback
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOut,
@@ -65,9 +65,8 @@ UNSENT_SHM_MAX_AGE_S = 30.0
 class _ReqState:
     rid: str
     stream: bool
-    stop: list[str]  # stop strings whose matches are cut off, so streams hold back their prefixes (none with no_stop_trim)
+    holdback: StopHoldback | None  # streams hold back what may become a stop match (None with no_stop_trim)
     created_time: float
-    stop_regex: list[str] = field(default_factory=list)  # likewise for stop_regex patterns
     event: asyncio.Event = field(default_factory=asyncio.Event)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
@@ -282,9 +281,8 @@ class TokenizerManager:
         if rid in self.rid_to_state:
             raise GenerateError(f"request id {rid!r} is already in use")
         sp = tokenized.sampling_params
-        trimmed = not sp.no_stop_trim
-        state = _ReqState(rid, tokenized.stream, list(sp.stop) if trimmed else [], tokenized.created_time,
-                          stop_regex=list(sp.stop_regex) if trimmed else [], logprob_text=sp.return_text_in_logprobs)
+        holdback = StopHoldback(sp.stop, sp.stop_regex) if tokenized.stream and not sp.no_stop_trim else None
+        state = _ReqState(rid, tokenized.stream, holdback, tokenized.created_time, logprob_text=sp.return_text_in_logprobs)
         if self._forget_preparing(rid):  # aborted while its images were decoding: never sent
             release_unsent(self.builder.take_unsent_shm(rid))
             state.finished_reason = FinishReason("abort", message="aborted by an abort_request")
@@ -339,7 +337,7 @@ class TokenizerManager:
         return meta
 
     def _stream_output(self, state: _ReqState) -> dict[str, Any] | None:
-        visible = len(state.text) - stop_holdback(state.text, state.stop, state.stop_regex)
+        visible = len(state.text) - (state.holdback.length(state.text) if state.holdback is not None else 0)
         if visible <= state.sent_text_len and len(state.output_ids) <= state.sent_ids_len:
             return None
         state.sent_text_len = max(visible, state.sent_text_len)
@@ -353,9 +351,8 @@ class TokenizerManager:
         if fr.type == "abort" and fr.status_code is not None:
             status = fr.status_code
             raise GenerateError(fr.message or "request aborted", status, "invalid_request_error" if status < 500 else "server_error")
-        text = state.text
-        if fr.type == "stop" and fr.stop_text and fr.stop_text in text:
-            text = text[: text.find(fr.stop_text)]
+        cut = fr.stop_cut(state.text)
+        text = state.text if cut is None else state.text[:cut]
         return {"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglang.srt.constrained.request_fields import GRAMMAR_KINDS, ConstraintError, checked_sampling_constraint
+from sglang.srt.sampling.stop_regex import StopRegexError, checked_patterns
 
 
 class SamplingParamsError(ValueError):
@@ -20,8 +21,8 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    # regexes searched in the end of the output text (its last STOP_REGEX_WINDOW_TOKENS tokens); the first
-    # match ends generation, the output is cut before it and matched_stop names the pattern
+    # regexes searched in the end of the output text (sampling/stop_regex.py); the first match ends
+    # generation, the output is cut before it and matched_stop names the pattern
     stop_regex: list[str] = field(default_factory=list)
     no_stop_trim: bool = False  # keep a matched stop string / stop_regex match in the output
     stop_token_ids: list[int] = field(default_factory=list)
@@ -67,7 +68,10 @@ class SamplingParams:
             raise SamplingParamsError("stop must be a non-empty string or a list of non-empty strings")
         if len(self.stop) > 16:
             raise SamplingParamsError("at most 16 stop strings")
-        self.stop_regex = checked_stop_regexes(self.stop_regex)
+        try:
+            self.stop_regex = checked_patterns(self.stop_regex)
+        except StopRegexError as e:
+            raise SamplingParamsError(str(e)) from None
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise SamplingParamsError("stop_token_ids must be non-negative integers")
         if not isinstance(self.min_new_tokens, int) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
@@ -112,31 +116,6 @@ class SamplingParams:
 
 
 MAX_LOGIT_BIAS_ENTRIES = 1024
-MAX_STOP_REGEXES = 16
-# a stop_regex match must end at the newest token and lie within this many output tokens
-STOP_REGEX_WINDOW_TOKENS = 64
-
-
-def checked_stop_regexes(value) -> list[str]:
-    """stop_regex as a list of patterns that compile (the `regex` module's syntax, a superset of `re`'s)
-    and cannot match the empty string (which would end every request at its first token)."""
-    import regex
-
-    patterns = [value] if isinstance(value, str) else value
-    if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
-        raise SamplingParamsError("stop_regex must be a non-empty string or a list of non-empty strings")
-    if len(patterns) > MAX_STOP_REGEXES:
-        raise SamplingParamsError(f"at most {MAX_STOP_REGEXES} stop_regex patterns")
-    for p in patterns:
-        try:
-            compiled = regex.compile(p)
-        except regex.error as e:
-            raise SamplingParamsError(f"stop_regex {p!r} is not a valid regular expression: {e}") from None
-        if compiled.fullmatch("") is not None:
-            raise SamplingParamsError(f"stop_regex {p!r} matches the empty string")
-    return list(patterns)
-
-
 def _checked_logit_bias(bias) -> dict[int, float]:
     """{token id: bias} with int keys (OpenAI sends them as strings) and biases in [-100, 100]."""
     if not isinstance(bias, dict):

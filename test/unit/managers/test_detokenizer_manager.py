@@ -45,19 +45,15 @@ def test_skip_special_tokens_is_honoured(tokenizer):
         assert "".join(feed(IncrementalDetokenizer(tokenizer), "r", ids, [1] * (len(ids) - 1), skip)) == expected
 
 
-def test_stop_string_trims_the_final_output(tokenizer):
+def test_a_stop_match_is_left_whole_for_the_tokenizer_manager_to_cut(tokenizer):
+    """The detokenizer sends every character; the one cut happens where the whole text is
+    (FinishReason.stop_cut in the tokenizer manager), so a match in text already sent cuts right too."""
     ids = tokenizer.encode("the answer is 42. The end", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer)
-    deltas = feed(detok, "r", ids, [2], finish=FinishReason("stop", matched="42.", stop_text="42."))
-    assert "".join(deltas) == "the answer is "
-
-
-def test_stop_string_starting_in_sent_text_leaves_the_trim_to_the_receiver(tokenizer):
-    ids = tokenizer.encode("abc xyz", add_special_tokens=False)
-    detok = IncrementalDetokenizer(tokenizer)
-    deltas = feed(detok, "r", ids, [len(ids) - 1], finish=FinishReason("stop", matched="c xyz", stop_text="c xyz"))
-    full = "".join(deltas)
-    assert full == "abc xyz" and full[: full.find("c xyz")] == "ab"
+    for sent in ([2], [len(ids) - 1]):
+        detok = IncrementalDetokenizer(tokenizer)
+        finish = FinishReason("stop", matched="42.", stop_text="42.")
+        full = "".join(feed(detok, "r", ids, sent, finish=finish))
+        assert full == "the answer is 42. The end" and full[: finish.stop_cut(full)] == "the answer is "
 
 
 def test_batch_message_keeps_order_and_frees_finished_state(tokenizer):

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from sglang.srt.managers.chat_messages import split_chat_media
 from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.request_builder import make_sampling_params, merge_image_sources
-from sglang.srt.managers.stop_holdback import stop_regex_holdback
 from sglang.srt.utils.text import partial_match_len
 
 
@@ -68,20 +67,8 @@ def test_holdback_is_the_longest_stop_prefix_suffix(text, stops):
 def test_stop_regex_is_checked_where_the_request_enters():
     sp, _ = make_sampling_params({"stop_regex": "a[0-9]+"})
     assert sp.stop_regex == ["a[0-9]+"]
-    for raw, match in (({"stop_regex": "a("}, "not a valid regular expression"), ({"stop_regex": "x*"}, "matches the empty string"),
+    for raw, match in (({"stop_regex": "a("}, "not a valid regular expression"), ({"stop_regex": "x*"}, "matches the empty string"), ({"stop_regex": r"\b"}, "matches the empty string"),
                        ({"stop_regex": [""]}, "non-empty"), ({"stop_regex": ["a"] * 17}, "at most 16"),
                        ({"no_stop_trim": "yes"}, "no_stop_trim must be true or false")):
         with pytest.raises(GenerateError, match=match):
             make_sampling_params(raw)
-
-
-@given(text=st.text("abc", max_size=12), stops=st.lists(st.text("abc", min_size=1, max_size=4), max_size=3))
-def test_regex_holdback_of_a_literal_is_the_partial_match_len(text, stops):
-    import regex
-
-    assert stop_regex_holdback(text, [regex.escape(s) for s in stops]) == partial_match_len(text, stops)
-
-
-def test_regex_holdback_covers_a_match_in_progress():
-    assert stop_regex_holdback("total: 12", [r"\d+ apples"]) == 2  # "12" may become "12 apples"
-    assert stop_regex_holdback("total: 12 pears", [r"\d+ apples"]) == 0

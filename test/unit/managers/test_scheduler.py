@@ -137,10 +137,10 @@ def test_stop_conditions(model):
 
 def test_stop_regex_ends_at_the_first_step_whose_output_end_matches(model):
     """The oracle replays the greedy reference token by token: the request must stop at the first
-    length whose decoded output (its last STOP_REGEX_WINDOW_TOKENS tokens) contains a match."""
+    length whose decoded output (its last WINDOW_TOKENS tokens) contains a match."""
     import regex
 
-    from sglang.srt.sampling.sampling_params import STOP_REGEX_WINDOW_TOKENS
+    from sglang.srt.sampling.stop_regex import WINDOW_TOKENS
 
     path, proc, sb = model
     ids = _text(15, 41)
@@ -150,15 +150,38 @@ def test_stop_regex_ends_at_the_first_step_whose_output_end_matches(model):
     full = tok.decode(ref)
     pattern = regex.escape(full[len(full) // 2]) + ".?"  # a character from the middle, then any one
     expected = next(k for k in range(1, len(ref) + 1)
-                    if regex.search(pattern, tok.decode(ref[:k][-STOP_REGEX_WINDOW_TOKENS:])))
+                    if regex.search(pattern, tok.decode(ref[:k][-WINDOW_TOKENS:])))
     trimmed = s.submit(ids, None, max_new_tokens=8, stop_regex=[pattern], ignore_eos=True)
     kept = s.submit(ids, None, max_new_tokens=8, stop_regex=[pattern], ignore_eos=True, no_stop_trim=True)
     s.run_until_idle()
     for rid in (trimmed, kept):
         assert s.outputs[rid] == ref[:expected]
         assert s.finished[rid].type == "stop" and s.finished[rid].matched == pattern
-    match = regex.search(pattern, tok.decode(ref[:expected]))
-    assert s.finished[trimmed].stop_text == match.group(0) and s.finished[kept].stop_text is None
+    text = tok.decode(ref[:expected])
+    match = regex.search(pattern, text)
+    fr = s.finished[trimmed]
+    assert fr.stop_text == match.group(0) and fr.stop_chars_after == len(text) - match.end()
+    assert text[: fr.stop_cut(text)] == text[: match.start()]
+    assert s.finished[kept].stop_text is None and s.finished[kept].stop_cut(text) is None
+
+
+def test_a_backtracking_stop_regex_ends_its_own_request_with_a_400_and_the_other_finishes(model, monkeypatch):
+    """(a|aa)+b over a run of a's doubles its search time every ~1.5 tokens (274 s by the 38th token):
+    the search is cut at its budget and only that request ends."""
+    monkeypatch.setenv("SGLANG_STOP_REGEX_TIMEOUT_MS", "20")
+    path, _, _ = model
+    s = InProcessScheduler(path)
+    a = s.sched.tokenizer.encode("a", add_special_tokens=False)
+    assert len(a) == 1
+    hostile = s.submit(_text(15, 42), None, max_new_tokens=60, ignore_eos=True, stop_regex=["(a|aa)+b"],
+                       logit_bias={a[0]: 100.0})
+    ordinary = s.submit(_text(15, 43), None, max_new_tokens=8, ignore_eos=True, stop_regex=[r"\d+ apples"])
+    s.run_until_idle()
+    fr = s.finished[hostile]
+    assert fr.type == "abort" and fr.status_code == 400 and "SGLANG_STOP_REGEX_TIMEOUT_MS" in fr.message
+    assert 0 < len(s.outputs[hostile]) < 60 and set(s.outputs[hostile]) == {a[0]}
+    assert s.finished[ordinary].type == "length" and len(s.outputs[ordinary]) == 8
+    s.assert_no_leak()
 
 
 def test_requests_breaking_the_schedulers_invariants_are_rejected_with_400(model):
