@@ -2,6 +2,8 @@
 # The GPU checks on a CUDA machine, in stages that each fit one GPU job (at most 600 s, at most 8
 # files brought back from $OUT) on a bare machine with no package registry:
 #
+#   bash scripts/gpu_check.sh --stage first     # THE first call (planned <= 520 s): environment, kernel and
+#                                               # parity tests, forward and serving figures, attention kernels
 #   bash scripts/gpu_check.sh --stage tests     # gpu-marked tests, then the device-following suite on cuda
 #   bash scripts/gpu_check.sh --stage micro     # benchmark/gpu_micro_benchmarks.txt
 #   bash scripts/gpu_check.sh --stage serving   # benchmark/gpu_serving_benchmarks.txt, @stage=serving lines
@@ -49,7 +51,7 @@ while [[ $# -gt 0 ]]; do
         --list=*) LIST="${1#--list=}"; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
         --no-install) INSTALL=0; shift ;;
-        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -146,13 +148,19 @@ import sys, torch
 print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
       "| available", torch.cuda.is_available())
 for i in range(torch.cuda.device_count()):
-    print(f"  cuda:{i}", torch.cuda.get_device_name(i))
+    free, total = torch.cuda.mem_get_info(i)
+    cap = torch.cuda.get_device_capability(i)
+    print(f"  cuda:{i}", torch.cuda.get_device_name(i), f"sm_{cap[0]}{cap[1]}",
+          f"free {free / 2**30:.1f} of {total / 2**30:.1f} GiB")
 try:
     import triton
     print("triton", triton.__version__)
 except ImportError:
     print("triton not installed")
 PY
+    local missing
+    if missing="$("$PYTHON" "$HELPER" check-modules)"; then echo "every required module imports"
+    else echo "missing modules (their wheels): ${missing//$'\n'/; }"; fi
 }
 export HELPER
 export -f wheels_state gpu_check_modules gpu_check_install gpu_check_environment

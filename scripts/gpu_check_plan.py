@@ -39,7 +39,12 @@ STAGE_LIMIT = 570
 MIN_START_S = 3
 
 STAGES = ("tests", "micro", "serving", "serving2")
-ALL_STAGES = STAGES + ("all",)
+# `first` is the one call a session with a GPU makes before anything else: the most valuable answers of
+# the other stages, each cut to fit FIRST_LIMIT (a session's 15 minutes of device time also pay for the
+# machine's start-up and give-back). `all` runs the four full stages, not `first`.
+FIRST = "first"
+FIRST_LIMIT = 520
+ALL_STAGES = (FIRST,) + STAGES + ("all",)
 LISTS = {
     "micro": "benchmark/gpu_micro_benchmarks.txt",
     "serving": "benchmark/gpu_serving_benchmarks.txt",
@@ -146,6 +151,50 @@ def tests_steps() -> list[Step]:
     ]
 
 
+# the short replica of stage first: qwen3-vl-4b's widths and vision tower, 4 of its 36 text layers
+FIRST_MODEL = '"$GPU_CACHE/models/qwen3-vl-4b-4l"'
+
+
+def first_steps() -> list[Step]:
+    """Stage `first`, in the order of what a first GPU call must answer: are the kernels and the engine
+    right on CUDA, how fast is a forward against its floor, how fast does it serve, how fast are the
+    attention kernels at the real shapes."""
+    junit = '--junitxml="$OUT/junit-first-{}.xml"'
+    return [
+        Step("first: kernels", 70,
+             '"$PYTHON" -m pytest -q -m gpu -p no:cacheprovider ' + junit.format("kernels")
+             + " sgl-kernel/tests test/unit/layers/test_vision_pos_embed.py "
+               "test/unit/model_executor/test_cuda_graph_runner.py",
+             pytest=True, outputs=("junit-first-kernels.xml",),
+             display="gpu-marked kernel tests against their references (attention, sampling, pos-embed, "
+                     "fp8/MoE when present), CUDA graph runner"),
+        Step("first: parity", 100,
+             '"$PYTHON" -m pytest -q -x -p no:cacheprovider -m "not slow" ' + junit.format("parity")
+             + " test/unit/models/test_model_parity.py test/e2e/test_openai_api.py "
+               '-k "test_model_parity or (greedy_chat_matches_transformers and default) or stream_equals"',
+             pytest=True, outputs=("junit-first-parity.xml",),
+             display="model parity with transformers on cuda; greedy chat parity through the server on "
+                     "qwen3-vl-tiny (CUDA graphs on)"),
+        Step("first: replica", 45,
+             '"$PYTHON" -m sglang.testing.make_model --preset qwen3-vl-4b --num-layers 4 --dtype bfloat16 '
+             f"--out {FIRST_MODEL} --no-progress",
+             display="qwen3-vl-4b with 4 text layers (real widths, full vision tower), bf16"),
+        Step("first: forward", 75,
+             f'"$PYTHON" benchmark/performance/bench_forward.py --model-path {FIRST_MODEL} --device cuda '
+             '--dtype bfloat16 --decode-batch-sizes 1,32,64 --repeat 2 --output "$RAW/first-forward.json"',
+             display="decode step vs the bandwidth floor, prefill tok/s and MFU, ViT MFU"),
+        Step("first: serving", 110,
+             f'"$PYTHON" benchmark/multimodal/run_hash_serving_ab.py --modes on --model-path {FIRST_MODEL} '
+             "--device cuda --dtype bfloat16 --num-prompts 384 --max-concurrency 16 --random-input-len 128 "
+             '--random-output-len 64 --warmup 4 --output "$RAW/first-serving.json"',
+             display="image chat (one 1280x720 JPEG each), concurrency 16: req/s, TTFT"),
+        Step("first: attention", 45,
+             '"$PYTHON" sgl-kernel/benchmark/bench_attention.py --shapes report --iters 10 '
+             '--out "$RAW/first-attention.jsonl"',
+             display="Triton decode and extend attention vs SDPA at every preset's text shape"),
+    ]
+
+
 _TOKEN = re.compile(r"@([a-z_]+)=(\S+)")
 
 
@@ -176,8 +225,8 @@ def parse_list(path: Path, stage: str) -> list[Step]:
             raise PlanError(f"{where}: no @budget=SECONDS token at the start of the line")
         if not opts["budget"].isdigit() or int(opts["budget"]) < 2:
             raise PlanError(f"{where}: @budget= must be a whole number of seconds >= 2")
-        if "stage" in opts and opts["stage"] not in STAGES:
-            raise PlanError(f"{where}: unknown @stage={opts['stage']} (stages: {', '.join(STAGES)})")
+        if "stage" in opts and opts["stage"] not in (FIRST,) + STAGES:
+            raise PlanError(f"{where}: unknown @stage={opts['stage']} (stages: {', '.join((FIRST,) + STAGES)})")
         if not line:
             raise PlanError(f"{where}: no command after the tokens")
         if opts.get("stage", stage) != stage:
@@ -191,6 +240,8 @@ def stage_steps(stage: str, list_path: Path | None) -> list[Step]:
         return parse_list(list_path, stage)
     if stage == "tests":
         return tests_steps()
+    if stage == FIRST:
+        return first_steps()
     return parse_list(REPO / LISTS[stage], stage)
 
 
@@ -208,7 +259,7 @@ def build_plan(stage: str, list_path: Path | None = None, install: bool = True,
         budget = STAGE_LIMIT * len(STAGES)
     else:
         steps += stage_steps(stage, list_path)
-        budget = STAGE_LIMIT
+        budget = FIRST_LIMIT if stage == FIRST else STAGE_LIMIT
     outputs = [f"gpu-check-{stage}.log", f"summary-{stage}.json", f"results-{stage}.tar.gz"]
     for s in steps:
         outputs += [o for o in s.outputs if o not in outputs]

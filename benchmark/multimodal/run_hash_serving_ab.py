@@ -110,20 +110,27 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=18347)
     ap.add_argument("--server-args", default="", help="extra launch_server arguments, one string")
+    ap.add_argument("--modes", default="off,on",
+                    help="which sides to run, in order (on alone: one serving run of the default server)")
     ap.add_argument("--output", help="write the parsed figures of both runs as JSON here")
     args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or not set(modes) <= dict(MODES).keys():
+        ap.error(f"--modes takes off and/or on, got {args.modes!r}")
     workdir = Path(tempfile.mkdtemp(prefix="hash_ab_"))
     model = args.model_path or full_res_tiny_model(workdir / "model")
     results = {}
-    for name, env_extra in MODES:
+    for name in modes:
+        env_extra = dict(MODES)[name]
         print(f"\n##### SGLANG_MM_PRECOMPUTE_HASH={env_extra['SGLANG_MM_PRECOMPUTE_HASH']} ({name}) #####", flush=True)
         block, figures = run_mode(name, env_extra, model, args, workdir)
         print(block, flush=True)
         results[name] = figures
-    off, on = results["off"], results["on"]
     print(f"\nsummary ({args.num_prompts} requests, concurrency {args.max_concurrency}, bucket {args.bucket}):")
     for k in ("req_s", "ttft_mean", "ttft_median", "ttft_p99", "tpot_mean", "e2el_mean"):
-        print(f"  {k:>12}: off {off[k]:9.2f}  on {on[k]:9.2f}  on/off {on[k] / off[k]:.3f}")
+        row = "  ".join(f"{name} {results[name][k]:9.2f}" for name in modes)
+        ratio = f"  on/off {results['on'][k] / results['off'][k]:.3f}" if len(results) == 2 else ""
+        print(f"  {k:>12}: {row}{ratio}")
     if args.output:
         Path(args.output).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 

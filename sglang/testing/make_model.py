@@ -49,6 +49,7 @@ from sglang.testing.presets import (
     build_preprocessor_config,
     get_preset,
     resolve_dtype,
+    with_text_layers,
 )
 from sglang.testing.weight_gen import (  # noqa: F401  (re-exported: the public names of this module)
     BIAS,
@@ -523,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the preset's)")
     ap.add_argument("--threads", type=int, default=None, metavar="N",
                     help=f"generator threads (default: the CPUs this process may use, here {default_threads()})")
+    ap.add_argument("--num-layers", type=int, default=None, metavar="N",
+                    help="only N text decoder layers (widths and vision tower as the preset): a short replica")
     ap.add_argument("--force", action="store_true", help="regenerate even when --out already holds this model")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--list", action="store_true", help="list presets with parameter counts and exit")
@@ -537,8 +540,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--preset and --out are required")
     if args.threads is not None and args.threads < 1:
         ap.error("--threads must be >= 1")
+    preset = args.preset
+    if args.num_layers is not None:
+        try:
+            preset = with_text_layers(preset, args.num_layers)
+        except ValueError as e:
+            ap.error(str(e))
     r = build_model(
-        args.preset,
+        preset,
         args.out,
         seed=args.seed,
         dtype=args.dtype,

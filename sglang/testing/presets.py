@@ -338,6 +338,19 @@ def get_preset(name: str | ModelPreset) -> ModelPreset:
         raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
 
 
+def with_text_layers(preset: str | ModelPreset, num_layers: int) -> ModelPreset:
+    """The preset with only `num_layers` text decoder layers, every width and the vision tower unchanged:
+    a real checkpoint's per-layer costs in a fraction of the bytes (a GPU job generates it in seconds).
+    Qwen3-VL keeps at least one layer per deepstack level, which feeds the first text layers."""
+    p = get_preset(preset)
+    floor = max(1, len(p.vision.deepstack_visual_indexes))
+    if not floor <= num_layers <= p.text.num_hidden_layers:
+        raise ValueError(f"{p.name} takes {floor}..{p.text.num_hidden_layers} text layers, got {num_layers}")
+    if num_layers == p.text.num_hidden_layers:
+        return p
+    return replace(p, name=f"{p.name}-{num_layers}l", text=replace(p.text, num_hidden_layers=num_layers))
+
+
 def resolve_dtype(preset: ModelPreset, dtype: str | None) -> str:
     d = preset.default_dtype if dtype is None else str(dtype).removeprefix("torch.")
     aliases = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}

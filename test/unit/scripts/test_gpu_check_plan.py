@@ -68,6 +68,59 @@ def test_each_stage_fits_one_job(tmp_path, stage):
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in outputs)
 
 
+# The lent machine (docs: the device tool): 15 minutes of device time a session, start-up (1-2 min) and
+# give-back included, 10 minutes a call; what travels (the checkout plus carried paths) at most 64 MiB.
+FIRST_CALL_LIMIT_S = 520
+CARRY_LIMIT_BYTES = 64 * 2**20
+
+
+def test_stage_first_fits_one_call_of_the_lent_machine(tmp_path):
+    planned, files, budgets, outputs = _dry_run(tmp_path, "--stage", "first")
+    assert planned == sum(budgets) <= FIRST_CALL_LIMIT_S
+    assert files == len(outputs) <= JOB_FILE_LIMIT
+    assert {"gpu-check-first.log", "summary-first.json", "results-first.tar.gz"} <= set(outputs)
+    plan = plan_mod.build_plan("first")
+    assert plan.stage_budget == FIRST_CALL_LIMIT_S
+    # in the order of value: the environment, correctness, then the figures
+    names = [s.name for s in plan.steps]
+    assert names == ["install", "environment", "first: kernels", "first: parity", "first: replica",
+                     "first: forward", "first: serving", "first: attention"]
+    for step in plan.steps[2:]:
+        assert "gpu_check_out" not in step.command
+        assert "$OUT" not in step.command or "--junitxml" in step.command, step.command
+
+
+def test_stage_first_names_only_paths_and_flags_that_exist():
+    plan = plan_mod.build_plan("first")
+    for step in plan.steps[2:]:
+        for path in re.findall(r"(?:^|\s)((?:test|sgl-kernel|benchmark)/[\w/.-]+)", step.command):
+            assert (REPO / path).exists(), f"{step.name}: {path}"
+    from sglang.testing.make_model import main as make_model_main
+
+    with pytest.raises(SystemExit) as e:  # --num-layers is a flag of make_model
+        make_model_main(["--preset", "qwen3-vl-4b", "--num-layers", "1", "--out", "/nonexistent"])
+    assert e.value.code == 2
+    help_of = {
+        "run_hash_serving_ab.py": ["--modes", "--max-concurrency"],
+        "bench_attention.py": ["--shapes", "--iters"],
+        "bench_forward.py": ["--decode-batch-sizes", "--repeat"],
+    }
+    for script, flags in help_of.items():
+        text = next(REPO.glob(f"**/{script}")).read_text()
+        assert all(f'"{flag}"' in text for flag in flags), script
+
+
+def test_the_checkout_and_the_wheels_travel_within_the_carry_limit():
+    """What a first call carries: the tracked files plus ../shared/wheels copied into .wheels."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    size = sum((REPO / f).stat().st_size for f in tracked.decode().split("\0") if f and (REPO / f).is_file())
+    wheels = REPO.parent / "shared" / "wheels"
+    if not wheels.is_dir():
+        wheels = REPO / ".wheels"
+    wheel_bytes = sum(f.stat().st_size for f in wheels.glob("*.whl")) if wheels.is_dir() else 0
+    assert size + wheel_bytes <= CARRY_LIMIT_BYTES, f"checkout {size} + wheels {wheel_bytes} bytes"
+
+
 def test_all_runs_every_stage_once_within_their_budgets(tmp_path):
     # `all` is for a runner without the 600 s limit: one install, every stage's steps, one set of files.
     planned, files, budgets, outputs = _dry_run(tmp_path, "--stage", "all")

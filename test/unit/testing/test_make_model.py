@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -485,3 +486,17 @@ def test_cli_list_and_errors(capsys):
         mm.main(["--preset", "qwen3-vl-tiny"])  # --out missing
     with pytest.raises(ValueError):
         mm.make_model("qwen3-vl-tiny", "/nonexistent-unused", dtype="int8")
+
+
+def test_a_short_replica_keeps_every_width_and_the_vision_tower():
+    from sglang.testing.presets import build_config_dict, get_preset, with_text_layers
+
+    full = get_preset("qwen3-vl-4b")
+    short = with_text_layers(full, 4)
+    assert short.name == "qwen3-vl-4b-4l" and short.text.num_hidden_layers == 4
+    assert short.vision == full.vision and short.text == replace(full.text, num_hidden_layers=4)
+    cfg = build_config_dict(short, "bfloat16")
+    assert cfg["text_config"]["num_hidden_layers"] == 4 and cfg["vision_config"]["depth"] == full.vision.depth
+    assert with_text_layers(full, full.text.num_hidden_layers) is full
+    with pytest.raises(ValueError, match="3..36 text layers"):  # one per deepstack level at least
+        with_text_layers(full, 2)
