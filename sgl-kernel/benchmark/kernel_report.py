@@ -38,7 +38,7 @@ VISION = {  # preset: (heads, head_dim, longest segment of a 960x1280 image, win
 POS_EMBED_DIMS = {"qwen3-vl-2b": 1024, "qwen3-vl-4b": 1024, "qwen3-vl-8b": 1152}
 
 _TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-                 torch.int32: "i32", torch.int64: "i64"}
+                 torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
 
 
 def meta(*shape, dtype=torch.bfloat16) -> torch.Tensor:
@@ -128,8 +128,51 @@ def sampling_cases(presets, dtype) -> list[Case]:
     return out
 
 
+# Text linears of the -FP8 releases: preset -> (hidden, intermediate, q heads, kv heads), head dim 128
+FP8_LINEARS = {
+    "qwen3-vl-2b": (2048, 6144, 16, 8),
+    "qwen3-vl-4b": (2560, 9728, 32, 8),
+    "qwen3-vl-8b": (4096, 12288, 32, 8),
+    "qwen3-vl-32b": (5120, 25600, 64, 8),
+}
+FP8_TPS = (1, 2, 4, 8)
+FP8_ROWS = (64, 4096)  # a decode batch and a prefill chunk: the two tile shapes the launch picks
+
+
+def fp8_linear_shapes(preset: str, tp: int) -> dict[str, tuple[int, int]]:
+    """{layer: (N, K)} of one TP rank's block-FP8 GEMMs; a shard that cuts a 128-block is left out (the
+    loader refuses that TP size)."""
+    hidden, inter, hq, hk = FP8_LINEARS[preset]
+    q, kv, mlp = hq * 128 // tp, hk * 128 // tp, inter // tp
+    # (N, K) and the slices a rank takes out of each checkpoint matrix (fused ones have several)
+    layers = {"qkv": ((q + 2 * kv, hidden), (q, kv)), "o": ((hidden, q), (q,)),
+              "gate_up": ((2 * mlp, hidden), (mlp,)), "down": ((hidden, mlp), (mlp,))}
+    return {k: shape for k, (shape, cuts) in layers.items() if all(c % 128 == 0 for c in cuts)}
+
+
+def fp8_gemm_cases(presets, dtype, tps=FP8_TPS, rows=FP8_ROWS) -> list[Case]:
+    """The w8a8 block-FP8 GEMM (e4m3 operands, bf16 out) at every preset's text linears and TP size."""
+    from sgl_kernel.quantization._fp8_triton import plan_block_fp8_matmul
+
+    if dtype != torch.bfloat16:
+        return []
+    out = []
+    for p in presets:
+        if p not in FP8_LINEARS:
+            continue
+        for tp in tps:
+            for layer, (n, k) in fp8_linear_shapes(p, tp).items():
+                for m in rows:
+                    f8 = torch.float8_e4m3fn
+                    plan = plan_block_fp8_matmul(
+                        meta(m, k, dtype=f8), meta(m, k // 128, dtype=torch.float32), meta(n, k, dtype=f8),
+                        meta(n // 128, k // 128, dtype=torch.float32), meta(m, n, dtype=torch.bfloat16), (128, 128))
+                    out.append(Case(f"fp8-gemm {p} {layer} tp{tp} M{m} N{n} K{k}", None, f8, [plan]))
+    return out
+
+
 CASE_BUILDERS = {"extend": text_cases, "decode": text_cases, "varlen": vision_cases, "pos_embed": pos_embed_cases,
-                 "sample": sampling_cases}
+                 "sample": sampling_cases, "fp8_gemm": fp8_gemm_cases}
 
 
 def build_cases(kernels: list[str], presets: list[str], dtypes: list[torch.dtype]) -> list[Case]:
@@ -167,14 +210,15 @@ def report(cases: list[Case], target: str, progress: bool = True) -> list:
 
 
 def print_table(rows) -> None:
-    head = f"{'kernel':<22} {'case':<36} {'dtype':<5} {'regs':>4} {'spill':>6} {'smem':>7} {'mma':<8} {'ld min/max':>10}  blocks"
+    head = f"{'kernel':<22} {'case':<36} {'dtype':<5} {'regs':>4} {'spill':>6} {'smem':>7} {'mma':<18} {'ld min/max':>10}  blocks"
     print(head)
     print("-" * len(head))
     for r in rows:
         regs = "?" if r.registers is None else r.registers
         spill = "?" if r.spill_bytes is None else r.spill_bytes
         loads = f"{r.min_load_bits}/{r.max_load_bits}"
-        print(f"{r.kernel:<22} {r.case:<36} {r.dtype:<5} {regs:>4} {spill:>6} {r.shared_bytes:>7} {r.mma:<8} "
+        mma = f"{r.mma} {r.mma_operands}".strip()
+        print(f"{r.kernel:<22} {r.case:<36} {r.dtype:<5} {regs:>4} {spill:>6} {r.shared_bytes:>7} {mma:<18} "
               f"{loads:>10}  {r.note} w{r.num_warps} s{r.num_stages}")
 
 
@@ -183,7 +227,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="sm_90a", help="GPU architecture to compile for (default sm_90a: H100/H200)")
     ap.add_argument("--json", default=None, help="write the rows as a JSON list to this file")
     ap.add_argument("--kernels", default=",".join(CASE_BUILDERS), help=f"comma list of {sorted(CASE_BUILDERS)}")
-    ap.add_argument("--presets", default=",".join(TEXT), help="comma list of model presets")
+    ap.add_argument("--presets", default=",".join(dict.fromkeys([*TEXT, *FP8_LINEARS])), help="comma list of model presets")
     ap.add_argument("--dtypes", default="bfloat16,float32", help="comma list: bfloat16, float16, float32")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

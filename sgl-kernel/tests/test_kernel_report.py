@@ -123,6 +123,36 @@ def test_attention_kernels_on_sm90_do_not_spill_use_tensor_cores_and_wide_loads(
             assert r.max_load_bits == 128, f"{where}: no 128-bit load of q/k/v: {r.loads}"
 
 
+def test_ptx_mma_operands_names_the_input_types():
+    from sgl_kernel.codegen_report import ptx_mma_operands
+
+    assert ptx_mma_operands("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {") == "e4m3.e4m3"
+    assert ptx_mma_operands("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == "bf16.bf16"
+    assert ptx_mma_operands("fma.rn.f32 %f1, %f2, %f3, %f4;") == ""
+
+
+def test_fp8_shards_that_cut_a_block_are_left_out():
+    mod = _load_report()
+    assert mod.fp8_linear_shapes("qwen3-vl-4b", 4)["gate_up"] == (4864, 2560)
+    assert "gate_up" not in mod.fp8_linear_shapes("qwen3-vl-4b", 8)  # 9728 / 8 = 1216 cuts a 128-block
+    assert mod.fp8_linear_shapes("qwen3-vl-32b", 8) == {"qkv": (1280, 5120), "o": (5120, 1024),
+                                                        "gate_up": (6400, 5120), "down": (5120, 3200)}
+
+
+def test_block_fp8_gemm_on_sm90_takes_e4m3_wgmma_without_spills_and_with_wide_loads(report_rows):
+    """Both launch shapes (decode-sized and prefill-sized M) at the largest and smallest shards."""
+    mod = _load_report()
+    cases = [c for c in mod.fp8_gemm_cases(["qwen3-vl-8b", "qwen3-vl-32b"], __import__("torch").bfloat16, tps=(1, 8))
+             if c.name.split()[2] in ("gate_up", "down")]
+    rows = mod.report(cases, "sm_90a", progress=False)
+    assert len(rows) == 16
+    for r in rows:
+        where = f"{r.kernel} {r.case}"
+        assert r.mma == "wgmma" and r.mma_operands == "e4m3.e4m3", f"{where}: {r.mma} {r.mma_operands}"
+        assert r.spill_bytes == 0, f"{where}: {r.spill_bytes} bytes spilled ({r.registers} registers)"
+        assert r.max_load_bits == 128, f"{where}: no 128-bit load of the e4m3 tiles: {r.loads}"
+
+
 @compiles
 def test_cli_writes_json_rows(tmp_path):
     pytest.importorskip("triton", reason="the report compiles with triton")

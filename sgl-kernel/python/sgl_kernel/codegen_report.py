@@ -59,6 +59,7 @@ class CodegenRow:
     num_stages: int = 3
     ptxas: str | None = None  # which ptxas read the PTX; None: none could (registers unknown)
     note: str = ""
+    mma_operands: str = ""  # the tensor-core instruction's input types, e.g. "e4m3.e4m3", "bf16.bf16"
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -155,6 +156,16 @@ def ptx_mma(ptx: str) -> str:
     return "none"
 
 
+_MMA_OPERANDS = re.compile(r"\b(?:wgmma\.mma_async|mma\.sync)[\w.]*?\.f(?:16|32)\.(\w+)\.(\w+)\b")
+
+
+def ptx_mma_operands(ptx: str) -> str:
+    """Input types of the tensor-core instructions ("e4m3.e4m3", "bf16.bf16", ...; several joined by
+    commas), "" without any."""
+    found = dict.fromkeys(f"{a}.{b}" for a, b in _MMA_OPERANDS.findall(ptx))
+    return ",".join(found)
+
+
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
@@ -210,5 +221,5 @@ def report_kernel(fn, case: str, args: dict, constexprs: dict, options: dict, *,
         min_load_bits=min(widths) if widths else None, max_load_bits=max(widths) if widths else None,
         loads=dict(sorted(loads.items())), num_warps=int(options.get("num_warps", 4)),
         num_stages=int(options.get("num_stages", 3)),
-        ptxas=os.path.basename(ptxas[2]) if ptxas else None, note=note,
+        ptxas=os.path.basename(ptxas[2]) if ptxas else None, note=note, mma_operands=ptx_mma_operands(ptx),
     )
