@@ -323,11 +323,15 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def _identity(p: ModelPreset, seed: int, dtype: str, max_shard_bytes: int) -> dict:
+QUANTIZE_CHOICES = ("fp8",)
+
+
+def _identity(p: ModelPreset, seed: int, dtype: str, max_shard_bytes: int, quantize: str | None = None) -> dict:
     """Everything that changes the bytes of the output folder (and nothing else: not the threads)."""
     from sglang.testing.tokenizer_builder import TOKENIZER_VERSION
 
-    return {
+    extra = {"quantize": quantize} if quantize else {}
+    return {**extra,
         "generator": "sglang.testing.make_model",
         "generator_version": GENERATOR_VERSION,
         "tokenizer_version": TOKENIZER_VERSION,
@@ -368,8 +372,10 @@ def build_model(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     threads: int | None = None,
     force: bool = False,
+    quantize: str | None = None,
 ) -> MakeResult:
-    """:func:`make_model`, returning whether the folder was reused and why not."""
+    """:func:`make_model`, returning whether the folder was reused and why not. ``quantize="fp8"``
+    rewrites the text decoder's linears in the layout of Qwen's -FP8 releases (sglang.testing.fp8_checkpoint)."""
     from sglang.testing.tokenizer_builder import write_tokenizer_files
 
     t0 = time.perf_counter()
@@ -382,7 +388,9 @@ def build_model(
     if threads < 1:
         raise ValueError("threads must be >= 1")
     out = Path(out_dir)
-    identity = _identity(p, seed, d, max_shard_bytes)
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    identity = _identity(p, seed, d, max_shard_bytes, quantize)
     if force:
         reason = "forced"
     else:
@@ -400,13 +408,18 @@ def build_model(
             old.unlink()
 
     files = _write_weights(out, p, seed, d, max_shard_bytes, threads, progress)
+    config = build_config_dict(p, d)
     for name, obj in [
-        ("config.json", build_config_dict(p, d)),
+        ("config.json", config),
         ("generation_config.json", build_generation_config(p)),
         ("preprocessor_config.json", build_preprocessor_config(p)),
     ]:
         _write_json(out / name, obj)
         files.append(name)
+    if quantize == "fp8":
+        from sglang.testing.fp8_checkpoint import quantize_folder
+
+        quantize_folder(out)
     tok = write_tokenizer_files(out, p.family, model_max_length=p.text.max_position_embeddings)
     files += [Path(f).name for f in tok]
     _write_json(out / STAMP_FILE, identity)
@@ -424,6 +437,7 @@ def make_model(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     threads: int | None = None,
     force: bool = False,
+    quantize: str | None = None,
 ) -> Path:
     """Write the model directory for ``preset`` into ``out_dir`` and return its path.
 
@@ -434,7 +448,7 @@ def make_model(
     ``model-0000i-of-0000n``.  ``threads``: generator threads (default: the CPUs this process may
     use); the bytes do not depend on it.
     """
-    return build_model(preset, out_dir, seed, dtype, progress, max_shard_bytes, threads, force).path
+    return build_model(preset, out_dir, seed, dtype, progress, max_shard_bytes, threads, force, quantize).path
 
 
 def default_cache_dir() -> Path:
@@ -526,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"generator threads (default: the CPUs this process may use, here {default_threads()})")
     ap.add_argument("--num-layers", type=int, default=None, metavar="N",
                     help="only N text decoder layers (widths and vision tower as the preset): a short replica")
+    ap.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                    help="fp8: text decoder linears in the layout of Qwen's -FP8 releases (e4m3, 128x128 block scales)")
     ap.add_argument("--force", action="store_true", help="regenerate even when --out already holds this model")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--list", action="store_true", help="list presets with parameter counts and exit")
@@ -555,9 +571,10 @@ def main(argv: list[str] | None = None) -> int:
         max_shard_bytes=args.max_shard_bytes,
         threads=args.threads,
         force=args.force,
+        quantize=args.quantize,
     )
     m = r.manifest
-    what = f"preset {m['preset']}, seed {m['seed']}, {m['dtype']}, generator v{m['generator_version']}"
+    what = f"preset {m['preset']}, seed {m['seed']}, {m['dtype']}{', ' + args.quantize if args.quantize else ''}, generator v{m['generator_version']}"
     if r.reused:
         print(f"reused {r.path} ({what}, manifest {m['manifest_hash'][:12]}; --force regenerates)")
     else:

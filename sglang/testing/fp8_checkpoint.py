@@ -1,0 +1,137 @@
+"""Converts an HF-format Qwen-VL checkpoint folder to the layout of Qwen's -FP8 releases, and back.
+
+The released layout: every text decoder linear (q/k/v/o_proj, gate/up/down_proj) stores an e4m3 `weight`
+and a float32 `weight_scale_inv` with one scale per 128x128 block (multiplied: W ~= weight * scale);
+the vision tower, the embeddings and lm_head stay in the original dtype and are listed in
+`quantization_config.modules_to_not_convert`; `config.json` carries
+
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [128, 128], "modules_to_not_convert": [...]}
+
+`quantize_folder` rewrites a folder in place, one safetensors file at a time (make_model --quantize fp8
+builds replicas of the -FP8 releases with it); `dequantize_folder` writes the float32 model an FP8
+folder stands for, which transformers then runs as the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from sgl_kernel.quantization import dequantize_block_fp8, quantize_weight_block_fp8
+
+BLOCK = (128, 128)
+QUANT_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
+# the text decoder's linears; the vision tower's own names (qkv, proj, linear_fc*, mlp.*) never match
+_TEXT_LINEAR = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.weight$")
+_INDEX = "model.safetensors.index.json"
+
+
+def is_quantized_linear(name: str) -> bool:
+    return bool(_TEXT_LINEAR.search(name)) and "visual" not in name
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors"))
+
+
+def _rewrite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+
+
+def _update_index(folder: Path, names_by_file: dict[str, list[str]]) -> None:
+    index_path = folder / _INDEX
+    if not index_path.exists():
+        return
+    index = json.loads(index_path.read_text())
+    weight_map = {n: f for f, names in names_by_file.items() for n in names}
+    total = 0
+    for path in _files(folder):
+        with safe_open(str(path), framework="pt") as f:
+            for n in f.keys():
+                t = f.get_slice(n)
+                numel = 1
+                for d in t.get_shape():
+                    numel *= d
+                total += numel * _itemsize(t.get_dtype())
+    index["weight_map"] = dict(sorted(weight_map.items()))
+    index.setdefault("metadata", {})["total_size"] = total
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _itemsize(st_dtype: str) -> int:
+    return {"F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4}[st_dtype]
+
+
+def quantize_folder(folder: str | os.PathLike) -> list[str]:
+    """Rewrites `folder` in the -FP8 layout; returns the names of the quantized weights."""
+    folder = Path(folder)
+    quantized, kept, names_by_file = [], [], {}
+    for path in _files(folder):
+        out: dict[str, torch.Tensor] = {}
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if is_quantized_linear(name):
+                    q, scale = quantize_weight_block_fp8(t, BLOCK)
+                    out[name], out[name[: -len("weight")] + "weight_scale_inv"] = q, scale
+                    quantized.append(name)
+                else:
+                    out[name] = t
+                    if name.endswith(".weight") and t.dim() == 2 and "embed" not in name:
+                        kept.append(name[: -len(".weight")])
+        _rewrite(path, out)
+        names_by_file[path.name] = list(out)
+    if not quantized:
+        raise ValueError(f"{folder}: no text decoder linear to quantize")
+    _update_index(folder, names_by_file)
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["quantization_config"] = {**QUANT_CONFIG, "modules_to_not_convert": sorted(kept)}
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return quantized
+
+
+def dequantize_folder(src: str | os.PathLike, dst: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path:
+    """Writes to `dst` the `dtype` model that the FP8 folder `src` stands for (every weight with its
+    scale multiplied in; other files copied), without quantization_config."""
+    import shutil
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.is_file() and item.suffix != ".safetensors" and item.name != _INDEX:
+            shutil.copy2(item, dst / item.name)
+    names_by_file = {}
+    for path in _files(src):
+        out = {}
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            for name in keys:
+                if name.endswith("weight_scale_inv"):
+                    continue
+                t = f.get_tensor(name)
+                scale_name = name[: -len("weight")] + "weight_scale_inv"
+                if name.endswith(".weight") and scale_name in keys:
+                    t = dequantize_block_fp8(t, f.get_tensor(scale_name), BLOCK, dtype)
+                out[name] = t.to(dtype) if t.is_floating_point() else t
+        save_file(out, str(dst / path.name), metadata={"format": "pt"})
+        names_by_file[path.name] = list(out)
+    if (src / _INDEX).exists():
+        shutil.copy2(src / _INDEX, dst / _INDEX)
+        _update_index(dst, names_by_file)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.pop("quantization_config", None)
+    for section in (cfg, cfg.get("text_config", {}), cfg.get("vision_config", {})):
+        if "torch_dtype" in section or "dtype" in section:
+            section["dtype" if "dtype" in section else "torch_dtype"] = str(dtype).removeprefix("torch.")
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return dst
