@@ -59,7 +59,7 @@ def main() -> None:
                  "sgl-kernel/tests/test_fp8_block.py under the Triton interpreter")
     rows = []
     for preset, tp in CASES:
-        for layer, (n, k) in fp8_linear_shapes(preset, tp).items():
+        for layer, (n, k, _, _) in fp8_linear_shapes(preset, tp).items():  # 128-blocks at these shapes
             for m in ROWS:
                 rows.append(dict(case=f"{preset} {layer} tp{tp}", **bench(m, n, k, args.iters)))
     print(f"{'case':<28} {'M':>5} {'N':>6} {'K':>6} | {'fp8 ms':>8} {'bf16 ms':>8} | speedup | fp8 TFLOP/s | rel diff")

@@ -139,15 +139,18 @@ FP8_TPS = (1, 2, 4, 8)
 FP8_ROWS = (64, 4096)  # a decode batch and a prefill chunk: the two tile shapes the launch picks
 
 
-def fp8_linear_shapes(preset: str, tp: int) -> dict[str, tuple[int, int]]:
-    """{layer: (N, K)} of one TP rank's block-FP8 GEMMs; a shard that cuts a 128-block is left out (the
-    loader refuses that TP size)."""
+def fp8_linear_shapes(preset: str, tp: int) -> dict[str, tuple[int, int, int, int]]:
+    """{layer: (N, K, rows per scale, columns per scale)} of one TP rank's block-FP8 GEMMs. A shard or fused
+    part that starts inside a 128-block keeps its scales at the finer granularity every part starts on
+    (the loader's rule, sglang/srt/layers/quantization/base.py); below 16 columns the loader refuses."""
+    from math import gcd
+
     hidden, inter, hq, hk = FP8_LINEARS[preset]
     q, kv, mlp = hq * 128 // tp, hk * 128 // tp, inter // tp
-    # (N, K) and the slices a rank takes out of each checkpoint matrix (fused ones have several)
-    layers = {"qkv": ((q + 2 * kv, hidden), (q, kv)), "o": ((hidden, q), (q,)),
-              "gate_up": ((2 * mlp, hidden), (mlp,)), "down": ((hidden, mlp), (mlp,))}
-    return {k: shape for k, (shape, cuts) in layers.items() if all(c % 128 == 0 for c in cuts)}
+    rows = lambda *starts: gcd(128, *starts)  # noqa: E731
+    layers = {"qkv": (q + 2 * kv, hidden, rows(q, kv), 128), "o": (hidden, q, 128, rows(q)),
+              "gate_up": (2 * mlp, hidden, rows(mlp), 128), "down": (hidden, mlp, 128, rows(mlp))}
+    return {k: v for k, v in layers.items() if v[3] >= 16}
 
 
 def fp8_gemm_cases(presets, dtype, tps=FP8_TPS, rows=FP8_ROWS) -> list[Case]:
@@ -161,12 +164,12 @@ def fp8_gemm_cases(presets, dtype, tps=FP8_TPS, rows=FP8_ROWS) -> list[Case]:
         if p not in FP8_LINEARS:
             continue
         for tp in tps:
-            for layer, (n, k) in fp8_linear_shapes(p, tp).items():
+            for layer, (n, k, gn, gk) in fp8_linear_shapes(p, tp).items():
                 for m in rows:
                     f8 = torch.float8_e4m3fn
                     plan = plan_block_fp8_matmul(
-                        meta(m, k, dtype=f8), meta(m, k // 128, dtype=torch.float32), meta(n, k, dtype=f8),
-                        meta(n // 128, k // 128, dtype=torch.float32), meta(m, n, dtype=torch.bfloat16), (128, 128))
+                        meta(m, k, dtype=f8), meta(m, -(-k // gk), dtype=torch.float32), meta(n, k, dtype=f8),
+                        meta(-(-n // gn), -(-k // gk), dtype=torch.float32), meta(m, n, dtype=torch.bfloat16), (gn, gk))
                     out.append(Case(f"fp8-gemm {p} {layer} tp{tp} M{m} N{n} K{k}", None, f8, [plan]))
     return out
 

@@ -131,21 +131,24 @@ def test_ptx_mma_operands_names_the_input_types():
     assert ptx_mma_operands("fma.rn.f32 %f1, %f2, %f3, %f4;") == ""
 
 
-def test_fp8_shards_that_cut_a_block_are_left_out():
+def test_fp8_shards_that_start_inside_a_block_keep_finer_scales():
     mod = _load_report()
-    assert mod.fp8_linear_shapes("qwen3-vl-4b", 4)["gate_up"] == (4864, 2560)
-    assert "gate_up" not in mod.fp8_linear_shapes("qwen3-vl-4b", 8)  # 9728 / 8 = 1216 cuts a 128-block
-    assert mod.fp8_linear_shapes("qwen3-vl-32b", 8) == {"qkv": (1280, 5120), "o": (5120, 1024),
-                                                        "gate_up": (6400, 5120), "down": (5120, 3200)}
+    assert mod.fp8_linear_shapes("qwen3-vl-4b", 4)["gate_up"] == (4864, 2560, 128, 128)
+    # 9728 / 8 = 1216 rows a rank: every other shard starts 64 rows into a 128-block
+    assert mod.fp8_linear_shapes("qwen3-vl-4b", 8)["gate_up"] == (2432, 2560, 64, 128)
+    assert mod.fp8_linear_shapes("qwen3-vl-4b", 8)["down"] == (2560, 1216, 128, 64)
+    assert mod.fp8_linear_shapes("qwen3-vl-32b", 8) == {"qkv": (1280, 5120, 128, 128), "o": (5120, 1024, 128, 128),
+                                                        "gate_up": (6400, 5120, 128, 128), "down": (5120, 3200, 128, 128)}
 
 
 def test_block_fp8_gemm_on_sm90_takes_e4m3_wgmma_without_spills_and_with_wide_loads(report_rows):
-    """Both launch shapes (decode-sized and prefill-sized M) at the largest and smallest shards."""
+    """Both launch shapes (decode-sized and prefill-sized M) at the largest shards and at shards with
+    finer scale groups."""
     mod = _load_report()
-    cases = [c for c in mod.fp8_gemm_cases(["qwen3-vl-8b", "qwen3-vl-32b"], __import__("torch").bfloat16, tps=(1, 8))
+    cases = [c for c in mod.fp8_gemm_cases(["qwen3-vl-4b", "qwen3-vl-32b"], __import__("torch").bfloat16, tps=(1, 8))
              if c.name.split()[2] in ("gate_up", "down")]
     rows = mod.report(cases, "sm_90a", progress=False)
-    assert len(rows) == 16
+    assert len(rows) == 16  # qwen3-vl-4b at TP 8 included: 64-row and 64-column scale groups
     for r in rows:
         where = f"{r.kernel} {r.case}"
         assert r.mma == "wgmma" and r.mma_operands == "e4m3.e4m3", f"{where}: {r.mma} {r.mma_operands}"

@@ -290,7 +290,8 @@ class ServerArgs:
         choices=(*LOAD_BALANCE_METHODS, *REFUSED_LOAD_BALANCE_METHODS)))
     base_gpu_id: int = field(default=0, metadata=_arg(
         "first GPU this server uses (replica k, rank r: GPU base + k * tp-per-node + r); no effect on CPU"))
-    quantization: str | None = field(default=None, metadata=_arg("weight quantization: none is supported"))
+    quantization: str | None = field(default=None, metadata=_arg(
+        "fp8: quantize a float checkpoint's text linears to block FP8 while loading (a -FP8 checkpoint needs no flag)"))
     kv_cache_dtype: str = field(default="auto", metadata=_arg("KV cache dtype: auto (the model dtype) only"))
     revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
     grammar_backend: str = field(default="xgrammar", metadata=_arg(
@@ -338,8 +339,8 @@ class ServerArgs:
             if problem:
                 problems.append(f"--mm-feature-transport cuda_ipc: {problem}; use cpu (shared memory on one host)")
         problems += self._data_parallel_problems()
-        if self.quantization not in (None, "", "none"):
-            problems.append(f"--quantization {self.quantization}: quantized weights are not supported")
+        if self.quantization not in (None, "", "none", "fp8"):
+            problems.append(f"--quantization {self.quantization}: only fp8 (block FP8) is supported")
         if self.kv_cache_dtype not in ("auto", self.dtype):
             problems.append(f"--kv-cache-dtype {self.kv_cache_dtype}: only auto (the model dtype) is supported")
         if self.mm_attention_backend == "triton_attn":  # upstream's name of the same backend

@@ -122,7 +122,7 @@ def test_video_limit_forms():
     (["--dp-size", "2", "--dist-init-addr", "127.0.0.1:5000"], "--dist-init-addr is for --nnodes > 1"),
     (["--dp-size", "0"], "--dp-size must be >= 1"),
     (["--load-balance-method", "follow_bootstrap_room"], "--load-balance-method follow_bootstrap_room: it follows"),
-    (["--quantization", "fp8"], "--quantization fp8"),
+    (["--quantization", "awq"], "--quantization awq: only fp8 (block FP8) is supported"),
     (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2"),
     (["--mm-attention-backend", "fa3"], "--mm-attention-backend fa3: choose sdpa or triton_attn"),
     (["--cuda-graph-bs", "1", "x"], "--cuda-graph-bs-decode takes integers"),

@@ -82,6 +82,21 @@ def _detokenizer_target(server_args: ServerArgs, port_args: PortArgs, ready_writ
     run_detokenizer_process(server_args, port_args, ready_writer)
 
 
+def _check_quantization(server_args: ServerArgs) -> None:
+    """A quantized checkpoint or --quantization that cannot be served is refused here in one line, before
+    any scheduler loads weights."""
+    import json
+
+    from sglang.srt.layers.quantization import startup_problem
+
+    with open(os.path.join(server_args.model_path, "config.json")) as f:
+        raw = json.load(f)
+    flag = None if server_args.quantization in (None, "", "none") else server_args.quantization
+    problem = startup_problem(raw, flag, server_args.tp_size)
+    if problem:
+        raise ValueError(problem)
+
+
 def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = None):
     """Spawns one scheduler per TP rank (per data-parallel replica, with the data-parallel controller at
     --dp-size > 1) and the detokenizer, waits until all are ready, and returns
@@ -95,6 +110,7 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
     from sglang.srt.server_args import log_ignored_flags
 
     log_ignored_flags(server_args, server_args.resolved_device())
+    _check_quantization(server_args)
     if server_args.mm_feature_transport in ("cpu", "cuda_ipc"):  # cuda_ipc: its release board, shm fallbacks
         from sglang.srt.multimodal.transport.shm import cleanup_stale_segments
 

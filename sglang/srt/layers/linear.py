@@ -15,6 +15,7 @@ from sglang.srt.distributed.communication_op import (
     tensor_model_parallel_all_reduce,
 )
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, divide
+from sglang.srt.layers.quantization.base import LinearLayout, RowPart
 from sglang.srt.model_loader.weight_utils import materialize
 
 
@@ -34,7 +35,10 @@ def _check_full(loaded, dim: int, expected: int, what: str) -> None:
 
 
 class LinearBase(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype | None):
+    """`quant`: a quantization method (layers/quantization) that owns the weight and the product, or
+    None for a plain float weight. Subclasses set what `layout()` reads before calling this __init__."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype | None, quant=None):
         super().__init__()
         dtype = dtype or torch.get_default_dtype()
         self.in_features = in_features
@@ -46,26 +50,51 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.quant_method = quant
+        if quant is not None:
+            quant.create_weights(self, self.layout(), self.tp_sizes_hint())
+
+    def layout(self) -> LinearLayout:
+        """Where the local weight's rows and columns come from in the checkpoint matrices."""
+        return LinearLayout((RowPart(0, 0, self.out_features),), 0, self.in_features)
+
+    def shard_index(self, shard_id) -> int | None:
+        """The layout part a checkpoint tensor with this shard id fills (None: a fused tensor)."""
+        return 0 if shard_id is None else None
+
+    def tp_sizes_hint(self) -> str:
+        return ""
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         _copy_checked(param, loaded, type(self).__name__)
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T without the bias."""
+        return F.linear(x, self.weight) if self.quant_method is None else self.quant_method.apply(self, x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.quant_method is None:
+            return F.linear(x, self.weight, self.bias)
+        y = self.matmul(x)
+        return y + self.bias if self.bias is not None else y
 
 
 class ReplicatedLinear(LinearBase):
-    def __init__(self, in_features, out_features, bias=True, dtype=None):
-        super().__init__(in_features, out_features, bias, dtype)
+    def __init__(self, in_features, out_features, bias=True, dtype=None, quant=None):
+        super().__init__(in_features, out_features, bias, dtype, quant)
 
 
 class ColumnParallelLinear(LinearBase):
     """Output features split across ranks."""
 
-    def __init__(self, in_features, out_features, bias=True, gather_output=False, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, in_features, out_features, bias=True, gather_output=False, tp: TPInfo = SINGLE_RANK, dtype=None,
+                 quant=None):
         self.tp = tp
         self.gather_output = gather_output
-        super().__init__(in_features, divide(out_features, tp.size), bias, dtype)
+        super().__init__(in_features, divide(out_features, tp.size), bias, dtype, quant)
+
+    def layout(self) -> LinearLayout:
+        return LinearLayout((RowPart(0, self.tp.rank * self.out_features, self.out_features),), 0, self.in_features)
 
     def weight_loader(self, param, loaded, shard_id=None):
         size = param.shape[0]
@@ -73,7 +102,7 @@ class ColumnParallelLinear(LinearBase):
         _copy_checked(param, loaded.narrow(0, self.tp.rank * size, size), type(self).__name__)
 
     def forward(self, x):
-        y = F.linear(x, self.weight, self.bias)
+        y = super().forward(x)
         return tensor_model_parallel_all_gather(y, self.tp) if self.gather_output else y
 
 
@@ -82,9 +111,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     Each rank holds [its slice of output 0 | its slice of output 1 | ...]."""
 
-    def __init__(self, in_features, output_sizes: list[int], bias=True, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, in_features, output_sizes: list[int], bias=True, tp: TPInfo = SINGLE_RANK, dtype=None, quant=None):
         self.output_sizes = list(output_sizes)
-        super().__init__(in_features, sum(output_sizes), bias, False, tp, dtype)
+        super().__init__(in_features, sum(output_sizes), bias, False, tp, dtype, quant)
+
+    def layout(self) -> LinearLayout:
+        local = [divide(s, self.tp.size) for s in self.output_sizes]
+        parts = tuple(RowPart(sum(local[:i]), self.tp.rank * n, n) for i, n in enumerate(local))
+        return LinearLayout(parts, 0, self.in_features)
+
+    def shard_index(self, shard_id) -> int | None:
+        return shard_id if isinstance(shard_id, int) else None
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:
@@ -112,6 +149,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         bias: bool = True,
         tp: TPInfo = SINGLE_RANK,
         dtype=None,
+        quant=None,
     ):
         total_num_kv_heads = total_num_kv_heads or total_num_heads
         self.head_dim = head_dim
@@ -120,10 +158,18 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = divide(total_num_heads, tp.size)
         self.num_kv_heads = kv_heads_per_rank(total_num_kv_heads, tp.size)
         self.kv_replicas = divide(tp.size, total_num_kv_heads) if tp.size >= total_num_kv_heads else 1
-        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp.size
-        super().__init__(hidden_size, out, bias, False, tp, dtype)
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp.size
+        super().__init__(hidden_size, out, bias, False, tp, dtype, quant)
+
+    def layout(self) -> LinearLayout:
+        q, kv, kv_src = self.q_size, self.kv_size, (self.tp.rank // self.kv_replicas) * self.kv_size
+        parts = (RowPart(0, self.tp.rank * q, q), RowPart(q, kv_src, kv), RowPart(q + kv, kv_src, kv))
+        return LinearLayout(parts, 0, self.in_features)
+
+    def shard_index(self, shard_id) -> int | None:
+        return {"q": 0, "k": 1, "v": 2}.get(shard_id)
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:  # fused checkpoint tensor laid out as [q | k | v]
@@ -150,10 +196,21 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial products are summed with an all-reduce."""
 
-    def __init__(self, in_features, out_features, bias=True, reduce_results=True, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, in_features, out_features, bias=True, reduce_results=True, tp: TPInfo = SINGLE_RANK, dtype=None,
+                 quant=None):
         self.tp = tp
         self.reduce_results = reduce_results
-        super().__init__(divide(in_features, tp.size), out_features, bias, dtype)
+        super().__init__(divide(in_features, tp.size), out_features, bias, dtype, quant)
+
+    def layout(self) -> LinearLayout:
+        return LinearLayout((RowPart(0, 0, self.out_features),), self.tp.rank * self.in_features, self.in_features)
+
+    def tp_sizes_hint(self) -> str:
+        from math import gcd
+
+        full = self.in_features * self.tp.size
+        ok = [t for t in (1, 2, 4, 8, 16) if full % t == 0 and (t == 1 or gcd(128, full // t) >= 16)]
+        return f"; input features {full}: TP sizes that work: {', '.join(map(str, ok))}"
 
     def weight_loader(self, param, loaded, shard_id=None):
         if param.dim() == 1:  # bias is added once, after the reduction
@@ -164,7 +221,7 @@ class RowParallelLinear(LinearBase):
         _copy_checked(param, loaded.narrow(1, self.tp.rank * size, size), "RowParallelLinear")
 
     def forward(self, x):
-        y = F.linear(x, self.weight)
+        y = self.matmul(x)
         if self.reduce_results:
             y = tensor_model_parallel_all_reduce(y, self.tp)
         elif self.tp.rank != 0:

@@ -42,6 +42,7 @@ class ModelRunnerConfig:
     cuda_graph_bs: tuple[int, ...] | None = None
     page_size: int = 1
     enable_vit_ulysses_sp: bool = False  # --enable-vit-ulysses-sp: replicated vision tower, tokens split over TP
+    quantization: str | None = None  # --quantization (a checkpoint's own quantization_config applies regardless)
 
 
 class ModelRunner:
@@ -51,7 +52,7 @@ class ModelRunner:
         self.device = torch.device(cfg.device)
         # vision-tower switches resolved once here, with the server flag beside the environment's
         vit = ViTStrategy.from_env(ulysses_sp=cfg.enable_vit_ulysses_sp)
-        self.model = get_model(cfg.model_path, cfg.dtype, self.device, tp, vit)
+        self.model = get_model(cfg.model_path, cfg.dtype, self.device, tp, vit, cfg.quantization)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         text = self.model_config.text

@@ -11,6 +11,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.layers.quantization import quantization_config
 from sglang.srt.model_loader.weight_utils import iterate_weights, materialize
 from sglang.srt.models.registry import get_model_class
 
@@ -64,7 +65,8 @@ def load_weights(model: nn.Module, weights) -> set[str]:
                     raise ValueError(f"{ckpt_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
                 param.data.copy_(materialize(tensor).to(param.dtype))
         loaded.add(name)
-    missing = set(params) - loaded
+    # filled after loading from what was loaded (--quantization fp8 scales), not from the checkpoint
+    missing = {n for n in set(params) - loaded if not getattr(params[n], "loaded_by_process", False)}
     if model.config.tie_word_embeddings:
         missing.discard("lm_head.weight")
     if missing:
@@ -78,18 +80,27 @@ def get_model(
     device: str | torch.device = "cpu",
     tp: TPInfo = SINGLE_RANK,
     vit: ViTStrategy | None = None,
+    quantization: str | None = None,
 ) -> nn.Module:
     """`vit` None resolves the vision-tower switches from the environment here, once per model built
-    (`ViTStrategy.from_env`); the model and its layers only see the resolved strategy."""
+    (`ViTStrategy.from_env`); the model and its layers only see the resolved strategy. `quantization`:
+    `--quantization` (a checkpoint's own quantization_config applies whatever it says)."""
     config = ModelConfig.from_pretrained(model_path)
     torch_dtype = resolve_dtype(dtype, config)
     cls = get_model_class(config.architecture)
+    quant = quantization_config(config.raw, quantization)
     if vit is None:
         vit = ViTStrategy.from_env()
     with torch.device(device):
-        model = cls(config, tp=tp, dtype=torch_dtype, vit=vit)
+        model = cls(config, tp=tp, dtype=torch_dtype, vit=vit, quant=quant)
     load_weights(model, iterate_weights(model_path, lazy=True))
-    logger.info("loaded %s from %s (%s, tp %d/%d)", config.architecture, model_path, torch_dtype, tp.rank, tp.size)
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    logger.info("loaded %s from %s (%s%s, tp %d/%d): %.2f GiB of weights on this rank", config.architecture, model_path,
+                torch_dtype, f", {quant.describe()}" if quant else "", tp.rank, tp.size, weight_bytes / 2**30)
     if vit.ulysses_sp and tp.size > 1:
         log_replicated_vision_memory(model, tp)
     return model.eval()

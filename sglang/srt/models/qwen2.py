@@ -11,18 +11,22 @@ from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.quantization import linear_method
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import MRotaryEmbedding, apply_rotary
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 
 class Qwen2MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, tp: TPInfo = SINGLE_RANK, dtype=None,
+                 quant=None, prefix: str = "mlp"):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size, intermediate_size], bias=bias, tp=tp, dtype=dtype
+            hidden_size, [intermediate_size, intermediate_size], bias=bias, tp=tp, dtype=dtype,
+            quant=linear_method(quant, f"{prefix}.gate_up_proj", ("gate_proj", "up_proj")),
         )
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, tp=tp, dtype=dtype)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, tp=tp, dtype=dtype,
+                                           quant=linear_method(quant, f"{prefix}.down_proj"))
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -30,7 +34,8 @@ class Qwen2MLP(nn.Module):
 
 
 class Qwen2Attention(nn.Module):
-    def __init__(self, config: TextConfig, layer_id: int, rotary: MRotaryEmbedding, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, config: TextConfig, layer_id: int, rotary: MRotaryEmbedding, tp: TPInfo = SINGLE_RANK, dtype=None,
+                 quant=None, prefix: str = "self_attn"):
         super().__init__()
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -41,9 +46,11 @@ class Qwen2Attention(nn.Module):
             bias=config.attention_bias,
             tp=tp,
             dtype=dtype,
+            quant=linear_method(quant, f"{prefix}.qkv_proj", ("q_proj", "k_proj", "v_proj")),
         )
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * config.head_dim, config.hidden_size, bias=False, tp=tp, dtype=dtype
+            config.num_attention_heads * config.head_dim, config.hidden_size, bias=False, tp=tp, dtype=dtype,
+            quant=linear_method(quant, f"{prefix}.o_proj"),
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -67,10 +74,12 @@ class Qwen2Attention(nn.Module):
 class Qwen2DecoderLayer(nn.Module):
     attention_cls = Qwen2Attention
 
-    def __init__(self, config: TextConfig, layer_id: int, rotary: MRotaryEmbedding, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, config: TextConfig, layer_id: int, rotary: MRotaryEmbedding, tp: TPInfo = SINGLE_RANK, dtype=None,
+                 quant=None, prefix: str = "model.layers.0"):
         super().__init__()
-        self.self_attn = self.attention_cls(config, layer_id, rotary, tp, dtype)
-        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype)
+        self.self_attn = self.attention_cls(config, layer_id, rotary, tp, dtype, quant, f"{prefix}.self_attn")
+        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype, quant=quant,
+                            prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -88,7 +97,8 @@ class Qwen2DecoderLayer(nn.Module):
 class Qwen2Model(nn.Module):
     layer_cls = Qwen2DecoderLayer
 
-    def __init__(self, config: TextConfig, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, config: TextConfig, tp: TPInfo = SINGLE_RANK, dtype=None, quant=None):
+        """`quant`: the text linears' quantization (layers/quantization), None for float weights."""
         super().__init__()
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, dtype)
@@ -96,7 +106,7 @@ class Qwen2Model(nn.Module):
         rotary = MRotaryEmbedding(config.head_dim, config.rope_theta, config.mrope_section, config.mrope_interleaved)
         self.rotary_emb = rotary
         self.layers = nn.ModuleList(
-            [self.layer_cls(config, i, rotary, tp, dtype) for i in range(config.num_hidden_layers)]
+            [self.layer_cls(config, i, rotary, tp, dtype, quant, f"model.layers.{i}") for i in range(config.num_hidden_layers)]
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 

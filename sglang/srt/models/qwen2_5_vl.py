@@ -167,6 +167,7 @@ class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         tp: TPInfo = SINGLE_RANK,
         dtype: torch.dtype | None = None,
         vit: ViTStrategy = ViTStrategy(),
+        quant=None,
     ):
         super().__init__(config, tp, dtype)
         vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, config.vision.num_heads)
@@ -174,7 +175,7 @@ class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
             config.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
             fast_pos_embed=vit.fast_pos_embed, sp=sp,
         )
-        self.model = Qwen2Model(config.text, tp, dtype)
+        self.model = Qwen2Model(config.text, tp, dtype, quant)
         self.init_lm_head()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch):

@@ -12,8 +12,9 @@ from sglang.srt.models.qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2Mode
 
 
 class Qwen3Attention(Qwen2Attention):
-    def __init__(self, config: TextConfig, layer_id: int, rotary: MRotaryEmbedding, tp: TPInfo = SINGLE_RANK, dtype=None):
-        super().__init__(config, layer_id, rotary, tp, dtype)
+    def __init__(self, config: TextConfig, layer_id: int, rotary: MRotaryEmbedding, tp: TPInfo = SINGLE_RANK, dtype=None,
+                 quant=None, prefix: str = "self_attn"):
+        super().__init__(config, layer_id, rotary, tp, dtype, quant, prefix)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype)
 

@@ -163,6 +163,7 @@ class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         tp: TPInfo = SINGLE_RANK,
         dtype: torch.dtype | None = None,
         vit: ViTStrategy = ViTStrategy(),
+        quant=None,
     ):
         super().__init__(config, tp, dtype)
         vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, config.vision.num_heads)
@@ -170,7 +171,7 @@ class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
             config.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
             fast_pos_embed=vit.fast_pos_embed, sp=sp,
         )
-        self.model = Qwen3Model(config.text, tp, dtype)
+        self.model = Qwen3Model(config.text, tp, dtype, quant)
         self.num_deepstack = len(config.vision.deepstack_visual_indexes)
         self.init_lm_head()
 

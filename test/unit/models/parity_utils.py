@@ -53,10 +53,11 @@ def hf_logits(hf_model, input_ids: list[int], items) -> torch.Tensor:
         return hf_model(**hf_inputs(hf_model, input_ids, items)).logits[0].float().cpu()
 
 
-def make_runner(model_path: str, dtype: str = "float32", device: str = TEST_DEVICE) -> tuple[ModelRunner, StaticBatchRunner]:
+def make_runner(model_path: str, dtype: str = "float32", device: str = TEST_DEVICE,
+                quantization: str | None = None) -> tuple[ModelRunner, StaticBatchRunner]:
     runner = ModelRunner(
         ModelRunnerConfig(model_path=model_path, dtype=dtype, device=device, max_total_tokens=4096, max_running_requests=8,
-                          context_length=2048)
+                          context_length=2048, quantization=quantization)
     )
     return runner, StaticBatchRunner(runner)
 

@@ -1,0 +1,73 @@
+"""FP8 models against transformers in float32: a -FP8 checkpoint (make_model --quantize fp8) against the
+float model it stands for (its weights dequantized), and --quantization fp8 against the unquantized
+checkpoint.
+
+With the activations left unquantized the FP8 model must equal the reference (every weight and block
+scale in its place, at any shard layout the tiny widths produce). With them quantized (the real path)
+logits differ: the test holds their Pearson correlation and prints it with the mean absolute difference
+of the prompt tokens' log-probabilities. The tiny presets (hidden 64, random weights) are the harshest
+case for 8-bit activations; benchmark/performance/bench_fp8_accuracy.py measures real widths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity_utils import (
+    PLACEHOLDER, TEST_DEVICE, hf_logits, make_runner, noise_image, our_logits, rel_err, small_processor,
+)
+from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod
+from sglang.testing.fp8_checkpoint import dequantize_folder
+from sglang.testing.make_model import make_model
+
+transformers = pytest.importorskip("transformers")
+
+CLIP = dict(mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711))
+PROC = {"qwen3-vl-tiny": dict(patch=16, mean=(0.5,) * 3, std=(0.5,) * 3), "qwen2.5-vl-tiny": dict(patch=14, **CLIP)}
+MIN_PEARSON_TINY = 0.95  # measured 0.975-0.993 here; a misplaced scale or weight falls far below
+
+
+def _prompt(proc):
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 5000, (9,), generator=g).tolist() + PLACEHOLDER + torch.randint(0, 5000, (12,), generator=g).tolist()
+    return proc.process(ids, [noise_image(96, 64, 3)])
+
+
+def _figures(ours: torch.Tensor, ref: torch.Tensor, ids: list[int]) -> tuple[float, float]:
+    """(Pearson r over every logit, mean |difference| of the prompt tokens' log-probabilities)."""
+    a, b = ours.float().flatten(), ref.float().flatten()
+    r = torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+    nxt = torch.tensor(ids[1:])
+    lp = lambda x: torch.log_softmax(x.float(), -1)[:-1].gather(1, nxt[:, None])  # noqa: E731
+    return r, (lp(ours) - lp(ref)).abs().mean().item()
+
+
+def _float_activations(self, layer, x):
+    from sgl_kernel.quantization import dequantize_block_fp8
+
+    w = dequantize_block_fp8(layer.weight, layer.weight_scale_inv, layer.fp8_block)
+    return (x.float() @ w.t()).to(x.dtype)
+
+
+@pytest.mark.parametrize("preset", sorted(PROC))
+@pytest.mark.parametrize("mode", ["checkpoint", "online"])
+def test_fp8_logits_track_the_float_model(preset, mode, tmp_path, monkeypatch):
+    if mode == "checkpoint":
+        path = make_model(preset, tmp_path / "fp8", seed=0, progress=False, quantize="fp8")
+        ref_path = dequantize_folder(path, tmp_path / "ref")
+    else:
+        path = ref_path = make_model(preset, tmp_path / "float", seed=0, progress=False)
+    _, sb = make_runner(str(path), quantization="fp8" if mode == "online" else None)
+    assert sb.runner.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    proc = small_processor(str(path), **PROC[preset])
+    ids, mm = _prompt(proc)
+    ours = our_logits(sb, [(ids, mm)])[0]
+    hf = transformers.AutoModelForImageTextToText.from_pretrained(str(ref_path), dtype=torch.float32).eval().to(TEST_DEVICE)
+    ref = hf_logits(hf, ids, mm.mm_items)
+    r, mad = _figures(ours, ref, ids)
+    print(f"{preset} {mode}: Pearson r {r:.5f}, mean |dlogprob| {mad:.4f} over {len(ids) - 1} prompt tokens")
+    assert r >= MIN_PEARSON_TINY, (r, mad)
+    if mode == "checkpoint":  # the weights alone: exactly the dequantized model
+        monkeypatch.setattr(Fp8LinearMethod, "apply", _float_activations)
+        exact = our_logits(sb, [(ids, mm)])[0]
+        assert rel_err(exact, ref) < 1e-4
