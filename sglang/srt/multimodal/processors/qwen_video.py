@@ -113,6 +113,9 @@ class QwenVLVideoProcessor:
     # a request's per-frame pixel limits (mm_processor_kwargs min_pixels / max_pixels), within the above
     frame_min_pixels: int | None = None
     frame_max_pixels: int | None = None
+    # the rate a list of frames was taken at: set only by a request's own fps (frames carry no rate, and
+    # the server's sampling fps is not theirs); None: UNKNOWN_FPS, as transformers assumes
+    frame_list_fps: float | None = None
     # transformers' cap_pixels_per_frame (qwen-vl-utils' budget): off by default there and here; on, each
     # frame gets an even share of a clip budget of max_video_tokens (qwen3: tokens per frame at most)
     cap_pixels_per_frame: bool = False
@@ -183,7 +186,7 @@ class QwenVLVideoProcessor:
             fps = kwargs["fps"]
             if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 60:
                 raise MultimodalInputError(f"{name}.fps must be a number of frames per second in (0, 60], got {fps!r}")
-            changes["fps"] = float(fps)
+            changes["fps"] = changes["frame_list_fps"] = float(fps)
         for key in ("num_frames", "min_frames", "max_frames"):
             v = kwargs.get(key)
             if v is None:
@@ -197,7 +200,7 @@ class QwenVLVideoProcessor:
         if changes.get("num_frames") is not None and changes.get("fps") is not None:
             raise MultimodalInputError(f"{name}: give fps or num_frames for videos, not both")
         if "num_frames" in changes:
-            changes["fps"] = None
+            changes["fps"] = changes["frame_list_fps"] = None
         lo, hi = changes.get("min_frames", self.min_frames), changes.get("max_frames", self.max_frames)
         if lo > hi:
             raise MultimodalInputError(f"{name}: min_frames {lo} is above max_frames {hi}")
@@ -358,17 +361,17 @@ class ProcessedVideo:
 
 
 def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_local_media_path: str | None = None,
-                           limits=None, fetcher=None, fps_override: float | None = None) -> ProcessedVideo:
-    """Decode, sample and preprocess one video source (pure, thread-safe). `fps_override`: the rate a
-    list of frames was taken at (a request's fps), since frames carry none."""
+                           limits=None, fetcher=None) -> ProcessedVideo:
+    """Decode, sample and preprocess one video source (pure, thread-safe). A list of frames is timed at
+    `cfg.frame_list_fps` (a request's fps), since frames carry no rate."""
     from sglang.srt.multimodal.video_io import VideoLimits, is_frame_list, load_video
 
     t0 = time.perf_counter()
     video = load_video(source, cfg.sample_indices, allowed_local_media_path=allowed_local_media_path,
                        limits=limits or VideoLimits(), fetcher=fetcher)
     fps = video.fps
-    if is_frame_list(source) and fps_override is not None:
-        fps = fps_override
+    if is_frame_list(source) and cfg.frame_list_fps is not None:
+        fps = cfg.frame_list_fps
     t1 = time.perf_counter()
     pixel_values, grid = cfg.process(video.frames)
     key = f"{video.source_digest}|{cfg!r}" if video.source_digest else None

@@ -301,8 +301,7 @@ class QwenVLProcessor(BaseMultimodalProcessor):
                 return self.load_and_process_image(src, image_config)
             cfg = video_config or self.video_processor
             return load_and_process_video(src, cfg, allowed_local_media_path=self.allowed_local_media_path,
-                                          limits=self.video_limits, fetcher=fetcher,
-                                          fps_override=cfg.fps if cfg is not self.video_processor else None)
+                                          limits=self.video_limits, fetcher=fetcher)
         except ValueError as e:  # ImageLoadError, VideoLoadError, MultimodalInputError, SmartResizeError
             many = n_images > 1 if kind == Modality.IMAGE else n_videos > 1
             if not many:

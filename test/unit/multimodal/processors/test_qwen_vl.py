@@ -415,3 +415,29 @@ def _repo_root():
     import pathlib
 
     return pathlib.Path(__file__).resolve().parents[4]
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen2_5_vl"])
+def test_frame_list_rate_changes_only_with_a_request_fps(tokenizer, model_type):
+    """A list of frames carries no rate: it is timed at transformers' 24 fps unless the request gives
+    fps. Another per-request setting (max_pixels) changes the frames' size, never their times
+    (Qwen3-VL's timestamp text, Qwen2.5-VL's second_per_grid_t)."""
+    proc = QwenVLProcessor.from_config_dicts({"model_type": model_type}, None, tokenizer)
+    frames = [make_image(320, 480, "RGB", s) for s in range(4)]
+    prompt = "<|vision_start|><|video_pad|><|vision_end|>"
+
+    def run(kwargs):
+        _, vcfg = proc.media_config(kwargs)
+        ids, mm = proc.process(prompt, [], videos=[frames], video_config=vcfg)
+        (item,) = mm.mm_items
+        return [t for t in ids if t != VID], item.model_specific_data["second_per_grid_t"], item.image_grid_thw
+
+    base = run({})
+    small = run({"max_pixels": 65536})
+    assert small[2][1:] < base[2][1:]  # the setting took effect
+    assert small[:2] == base[:2]
+    assert base[1] == pytest.approx(2 / 24)  # two frames a temporal patch, at 24 fps
+    timed = run({"fps": 2})
+    assert timed[1] == pytest.approx(1.0)
+    if model_type == "qwen3_vl":
+        assert timed[0] != base[0]
