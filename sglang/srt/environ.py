@@ -49,6 +49,16 @@ def _parse_pixels(raw: str) -> int | None:
     return value
 
 
+def _parse_positive_int(raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"expected a positive integer, got {raw!r}")
+    return value
+
+
 def _parse_choice(raw: str, choices: tuple[str, ...], aliases: dict[str, str] | None = None) -> str:
     v = raw.strip().lower()
     v = (aliases or {}).get(v, v)
@@ -134,6 +144,14 @@ envs.add("SGLANG_IMAGE_MAX_PIXELS", None, _parse_pixels,
          "unset: the model's preprocessor config (upstream's default, 12845056, is not applied).")
 envs.add("SGLANG_VIDEO_MAX_SECONDS", 3600.0, float,
          "Longest video accepted (seconds, from the file's header); a longer one is a 400 naming the limit.")
+envs.add("SGLANG_VIDEO_MAX_BYTES", 4 << 30, _parse_positive_int,
+         "Largest video after decoding (bytes): the float32 pixel values of its sampled frames at the size the "
+         "model takes them (frames are resized as they are decoded; the uint8 frames kept on the way add a "
+         "quarter). Checked from the header's frame count and size before a frame is decoded; a larger video is "
+         "a 400 naming the limit.")
+envs.add("SGLANG_VIDEO_MAX_FRAME_PIXELS", 8192 * 8192, _parse_positive_int,
+         "Largest video frame as decoded (width x height), checked from the header before each frame is decoded "
+         "or converted; one full-size frame is held at a time. A larger frame is a 400 naming the limit.")
 envs.add("SGLANG_VIDEO_CAP_PIXELS_PER_FRAME", False, _parse_bool,
          "Videos get transformers' cap_pixels_per_frame budget (qwen-vl-utils': each frame an even share of "
          "max_video_tokens) unless a request says otherwise; off: transformers' default, no clip-wide cap.")

@@ -98,7 +98,9 @@ class RequestBuilder:
                 model_path, self.tokenizer, allowed_local_media_path=server_args.allowed_local_media_path
             )
             self.processor.deferred_jpeg = deferred_decode_enabled(server_args.resolved_device())  # gpu-jpeg-decode
-            self.processor.video_limits = VideoLimits(max_duration_s=envs.SGLANG_VIDEO_MAX_SECONDS.get())
+            self.processor.video_limits = VideoLimits(max_frame_pixels=envs.SGLANG_VIDEO_MAX_FRAME_PIXELS.get(),
+                                                      max_duration_s=envs.SGLANG_VIDEO_MAX_SECONDS.get(),
+                                                      max_sampled_bytes=envs.SGLANG_VIDEO_MAX_BYTES.get())
             if envs.SGLANG_VIDEO_CAP_PIXELS_PER_FRAME.get():
                 vp = self.processor.video_processor
                 self.processor.video_processor = dataclasses.replace(vp, cap_pixels_per_frame=True)

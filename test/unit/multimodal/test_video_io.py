@@ -107,13 +107,89 @@ def test_truncated_stream_keeps_what_decodes_or_names_the_frame():
 
 
 def test_limits_refuse_large_and_long_videos():
+    """Each refusal names the limit and the variable that raises it."""
     data = make_clip(64, 48, 10, 2.0)
-    with pytest.raises(VideoLoadError, match="too large"):
+    with pytest.raises(VideoLoadError, match="too large.*3008 pixels per frame.*SGLANG_VIDEO_MAX_FRAME_PIXELS"):
         decode_video(data, ALL, VideoLimits(max_frame_pixels=64 * 47))
-    with pytest.raises(VideoLoadError, match="too long"):
+    with pytest.raises(VideoLoadError, match="too long.*1.5 s.*SGLANG_VIDEO_MAX_SECONDS"):
         decode_video(data, ALL, VideoLimits(max_duration_s=1.5))
-    with pytest.raises(VideoLoadError, match="MiB"):
-        decode_video(data, ALL, VideoLimits(max_sampled_bytes=64 * 48 * 3 * 5))
+    with pytest.raises(VideoLoadError, match="MiB.*SGLANG_VIDEO_MAX_BYTES"):
+        decode_video(data, ALL, VideoLimits(max_sampled_bytes=64 * 48 * 3 * 4 * 19))
+    frames = [Image.fromarray(f) for f in bar_frames(64, 48, 3)]
+    with pytest.raises(VideoLoadError, match="frame 0.*too large.*SGLANG_VIDEO_MAX_FRAME_PIXELS"):
+        load_video(frames, ALL, limits=VideoLimits(max_frame_pixels=64 * 47))
+
+
+class CountingFit:
+    """The Qwen3-VL processor's frame size and resize, counting the full-size frames it is handed and
+    checking that the previous one is gone by the time the next arrives."""
+
+    def __init__(self):
+        self.cfg, self.calls, self.prev = QwenVLVideoProcessor.defaults("qwen3"), 0, None
+
+    def resized_size(self, n, h, w):
+        return self.cfg.resized_size(n, h, w)
+
+    def resize_frame(self, frame, size):
+        import weakref
+
+        assert self.prev is None or self.prev() is None, "two full-size frames alive at once"
+        self.calls += 1
+        self.prev = weakref.ref(frame)
+        return self.cfg.resize_frame(frame, size)
+
+
+def _png(arr) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("form", ["mkv", "png_list"])
+def test_frames_are_kept_at_the_models_size_one_full_frame_at_a_time(form):
+    """What is kept is what the model sees: each sampled frame is resized as it is decoded, and only one
+    full-size frame exists at a time (the memory a clip holds does not grow with its full size)."""
+    w, h, n = 640, 360, 12
+    src = make_clip(w, h, 6, 2.0, "mkv") if form == "mkv" else [_png(f) for f in bar_frames(w, h, n)]
+    fit = CountingFit()
+    video = load_video(src, fit.cfg.sample_indices if form == "mkv" else ALL, fit=fit)
+    k = len(video.indices)
+    assert video.resized and video.frames.shape == (k, *fit.cfg.resized_size(k, h, w), 3)
+    assert video.frames.shape[1] * video.frames.shape[2] < h * w
+    assert fit.calls == k
+
+
+def test_byte_budget_counts_model_size_frames_and_refuses_before_decoding():
+    """The budget is checked once the header says the count and size: a clip whose model-size frames fit
+    is accepted even though its full-size frames would not; one byte less is refused before any frame is
+    decoded (an encoded file) or after the first (a list of frames, whose size its first frame says)."""
+    w, h = 1280, 720
+    data = make_clip(w, h, 6, 2.0, "mkv")
+    fit = CountingFit()
+    n = len(fit.cfg.sample_indices(12, 6.0))
+    rh, rw = fit.cfg.resized_size(n, h, w)
+    need = n * rh * rw * 3 * 4  # float32 pixel values
+    assert n * h * w * 3 * 4 > 2 * need
+    kept = decode_video(data, fit.cfg.sample_indices, VideoLimits(max_sampled_bytes=need), fit).frames
+    assert kept.nbytes * 4 == need
+    fit = CountingFit()
+    with pytest.raises(VideoLoadError, match=f"{n} sampled frames of {rw}x{rh}.*SGLANG_VIDEO_MAX_BYTES"):
+        decode_video(data, fit.cfg.sample_indices, VideoLimits(max_sampled_bytes=need - 1), fit)
+    assert fit.calls == 0
+
+
+def test_a_frame_list_over_the_budget_is_refused_after_its_first_frame(monkeypatch):
+    import sglang.srt.multimodal.video_io as video_io
+
+    decoded = []
+    real = video_io.load_image
+    monkeypatch.setattr(video_io, "load_image", lambda src, **kw: decoded.append(1) or real(src, **kw))
+    frames = [_png(f) for f in bar_frames(320, 240, 12)]
+    fit = CountingFit()
+    rh, rw = fit.cfg.resized_size(12, 240, 320)
+    with pytest.raises(VideoLoadError, match="12 sampled frames.*SGLANG_VIDEO_MAX_BYTES"):
+        load_video(frames, ALL, limits=VideoLimits(max_sampled_bytes=12 * rh * rw * 3 * 4 - 1), fit=fit)
+    assert len(decoded) == 1 and fit.calls == 0
 
 
 def test_local_files_outside_the_allowed_root_are_refused(tmp_path):

@@ -11,7 +11,8 @@ tensor the vision tower receives; the same algorithm as transformers' `Qwen2VLVi
 2. resize of every frame to one size, multiples of `patch_size * merge_size`:
    - qwen3: `smart_resize` over the whole clip (the pixel budget counts every sampled frame);
    - qwen2: the image `smart_resize` per frame;
-   with torch's antialiased bicubic on uint8 (what torchvision's resize runs on CPU tensors);
+   with torch's antialiased bicubic on uint8 (what torchvision's resize runs on CPU tensors), each frame as
+   it is decoded (the size is known once the stream is probed), so a clip is never held at full size;
 3. `(x - mean * 255) / (std * 255)` in float32 (transformers' fused rescale + normalize);
 4. patchify into `(grid_t * grid_h * grid_w, C * T * P * P)` after repeating the last frame up to a
    multiple of `temporal_patch_size` (frames are taken in pairs).
@@ -35,7 +36,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
 from sglang.srt.multimodal.processors.base import MultimodalInputError
@@ -311,38 +311,30 @@ class QwenVLVideoProcessor:
         sampled_fps = num_sampled / total * fps if total else fps
         return self.temporal_patch_size / sampled_fps
 
-    # ------------------------------------------------------------------ pixels
-    def process(self, frames: np.ndarray) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        """(T, H, W, 3) uint8 sampled frames -> (pixel_values float32 (t*h*w, 3*T*P*P), (t, h, w))."""
+    # ------------------------------------------------------------------ pixels (video_pixels.py)
+    def resize_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """One (H, W, 3) uint8 frame at `size` (from `resized_size`): the loader resizes each frame as it
+        is decoded, so a clip is never held at its full size."""
+        from sglang.srt.multimodal.processors.video_pixels import resize_frame
+
+        return resize_frame(frame, size)
+
+    def process(self, frames: np.ndarray, resized: bool = False) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """(T, H, W, 3) uint8 sampled frames -> (pixel_values float32 (t*h*w, 3*T*P*P), (t, h, w)).
+        `resized`: the frames are at the model's size already (resized on decode)."""
+        from sglang.srt.multimodal.processors.video_pixels import pixel_values, resize_frames
+
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
             raise MultimodalInputError(f"video frames must be (T, H, W, 3) uint8, got {frames.shape} {frames.dtype}")
-        num, height, width = frames.shape[0], frames.shape[1], frames.shape[2]
-        video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)  # (T, C, H, W) uint8
-        rh, rw = self.resized_size(num, height, width)
-        if (rh, rw) != (height, width):
-            video = F.interpolate(video.contiguous(), size=(rh, rw), mode="bicubic", antialias=True,
-                                  align_corners=False)
-        x = video.to(torch.float32)
-        if self.do_rescale and self.do_normalize:
-            mean = torch.tensor(self.image_mean) * (1.0 / self.rescale_factor)
-            std = torch.tensor(self.image_std) * (1.0 / self.rescale_factor)
-            x = x.sub_(mean.view(-1, 1, 1)).div_(std.view(-1, 1, 1))
-        elif self.do_normalize:
-            x = x.sub_(torch.tensor(self.image_mean).view(-1, 1, 1)).div_(torch.tensor(self.image_std).view(-1, 1, 1))
-        elif self.do_rescale:
-            x = x * self.rescale_factor
-        return self.patchify(x)
+        if not resized:
+            frames = resize_frames(frames, self.resized_size(*frames.shape[:3]))
+        return pixel_values(np.ascontiguousarray(frames), self)
 
     def patchify(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        tp, p, m = self.temporal_patch_size, self.patch_size, self.merge_size
-        if pad := -x.shape[0] % tp:
-            x = torch.cat([x, x[-1:].expand(pad, -1, -1, -1)], dim=0)
-        t_all, c, h, w = x.shape
-        gt, gh, gw = t_all // tp, h // p, w // p
-        if gh % m or gw % m:
-            raise MultimodalInputError(f"resized frames {h}x{w} are not a multiple of {p * m}")
-        patches = x.view(gt, tp, c, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-        return patches.reshape(gt * gh * gw, c * tp * p * p).contiguous(), (gt, gh, gw)
+        """(T, C, H, W) -> (t*h*w, C*T*P*P) in transformers' layout (the last frame repeated to a pair)."""
+        from sglang.srt.multimodal.processors.video_pixels import patchify
+
+        return patchify(x, self.temporal_patch_size, self.patch_size, self.merge_size)
 
 
 @dataclass
@@ -354,8 +346,8 @@ class ProcessedVideo:
     timestamps: list[float]  # seconds of each temporal patch (Qwen3-VL's prompt text)
     second_per_grid_t: float  # Qwen2.5-VL's M-RoPE time step
     num_frames: int  # sampled frames (before the pair padding)
-    decode_ms: float = 0.0  # fetch-free wall time of demuxing + decoding the sampled frames
-    preprocess_ms: float = 0.0  # resize, normalize, patchify
+    decode_ms: float = 0.0  # fetch-free wall time of demuxing, decoding and resizing the sampled frames
+    preprocess_ms: float = 0.0  # normalize, patchify (and the resize of frames not resized on decode)
     # what the pixels are a pure function of: the file's digest and the whole config (None: frames given)
     source_key: str | None = None
 
@@ -367,13 +359,15 @@ def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_lo
     from sglang.srt.multimodal.video_io import VideoLimits, is_frame_list, load_video
 
     t0 = time.perf_counter()
+    # frames are resized as they are decoded (cfg.resized_size / cfg.resize_frame): what is kept is what
+    # the model sees, and the byte budget counts that
     video = load_video(source, cfg.sample_indices, allowed_local_media_path=allowed_local_media_path,
-                       limits=limits or VideoLimits(), fetcher=fetcher)
+                       limits=limits or VideoLimits(), fetcher=fetcher, fit=cfg)
     fps = video.fps
     if is_frame_list(source) and cfg.frame_list_fps is not None:
         fps = cfg.frame_list_fps
     t1 = time.perf_counter()
-    pixel_values, grid = cfg.process(video.frames)
+    pixel_values, grid = cfg.process(video.frames, resized=video.resized)
     key = f"{video.source_digest}|{cfg!r}" if video.source_digest else None
     return ProcessedVideo(pixel_values, grid, cfg.timestamps(video.indices, fps),
                           cfg.second_per_grid_t(len(video.indices), video.total_frames, fps), len(video.indices),
