@@ -195,7 +195,8 @@ class QwenVLVideoProcessor:
                 raise MultimodalInputError(f"{name}.{key} must be a positive integer, got {v!r}")
             if v > self.max_frames:
                 raise MultimodalInputError(f"{name}.{key} {v} is above this server's limit of {self.max_frames} "
-                                           "frames per video")
+                                           "frames per video (max_frames of the model's video_preprocessor_config"
+                                           ".json)")
             changes[key] = v
         if changes.get("num_frames") is not None and changes.get("fps") is not None:
             raise MultimodalInputError(f"{name}: give fps or num_frames for videos, not both")
