@@ -11,7 +11,8 @@ the kept clip at the model's size plus one frame at full size.
 Blocking by design: callers run it in worker threads, never on an event loop (PyAV releases the GIL while
 it demuxes and decodes). Every failure raises :class:`VideoLoadError` (an ``ImageLoadError``, so the API
 answers 400) naming the problem: no video stream, an image or animated GIF sent as a video, frames that
-cannot be decoded, a frame or clip over the size limits, a clip longer than the duration limit.
+cannot be decoded, a frame or clip over the size limits, a clip longer than the duration limit; the
+`FrameFit`'s own refusals (a processor's MultimodalInputError, also a 400) pass through unchanged.
 """
 
 from __future__ import annotations
