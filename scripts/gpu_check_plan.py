@@ -73,7 +73,12 @@ REQUIRED_MODULES = {
     "aiohttp": "aiohttp",
     "xgrammar": "xgrammar",  # constrained output: the tokenizer checks every grammar with it
     "regex": "regex",  # stop_regex
+    "jsonschema": "jsonschema",  # the structured-output and tool-call tests validate with it
+    "av": "av",  # PyAV: video input (without it every video test skips)
 }
+# What the GPU image has already (the wheels README): a test may importorskip these.
+IMAGE_MODULES = ("torch", "triton", "transformers", "torchvision", "numpy", "PIL", "safetensors", "tokenizers",
+                 "requests", "pytest", "hypothesis")
 # Extra import names (comma or space separated) that check-modules also requires.
 EXTRA_MODULES_ENV = "GPU_CHECK_REQUIRED_MODULES"
 
