@@ -47,7 +47,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         self.tp = tp
         self.dp_rank = dp_rank  # which data-parallel replica this TP group is (--dp-size)
         model_path = server_args.resolved_model_path()
-        self.worker = TpModelWorker(server_args, model_path, tp, gpu_id)
+        self.worker = TpModelWorker(server_args, model_path, tp, gpu_id, dp_rank)
         runner = self.worker.model_runner
         self.model_config = runner.model_config
         self.context_length = runner.context_length

@@ -23,7 +23,8 @@ from sglang.srt.server_args import ServerArgs
 
 
 class TpModelWorker:
-    def __init__(self, server_args: ServerArgs, model_path: str, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0):
+    def __init__(self, server_args: ServerArgs, model_path: str, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0,
+                 dp_rank: int = 0):
         self.tp = tp
         device = server_args.resolved_device()
         lm_attention, mm_attention = server_args.resolved_attention_backends()
@@ -52,7 +53,10 @@ class TpModelWorker:
             ),
             tp,
         )
-        self.sampler = Sampler(server_args.random_seed)
+        # Each --dp-size replica draws its own seed stream (an n=2 chat split across two replicas would
+        # otherwise sample the same tokens twice); every TP rank of a replica draws the same one, so its
+        # ranks stay in step. Replica 0 keeps --random-seed's stream, the one a single server has.
+        self.sampler = Sampler(server_args.random_seed + dp_rank)
         self.vocab_size = self.model_runner.model_config.text.vocab_size
         self.eos_ids = sorted(self.model_runner.model_config.eos_token_ids)
         # token statistics of requests with penalties, on the device across steps

@@ -13,12 +13,12 @@ _ids = itertools.count()
 
 
 class InProcessScheduler:
-    def __init__(self, model_path: str, **kw):
+    def __init__(self, model_path: str, dp_rank: int = 0, **kw):
         kw.setdefault("dtype", "float32")
         kw.setdefault("device", "cpu")
         kw.setdefault("max_total_tokens", 8192)
         self.args = ServerArgs(model_path=model_path, **kw)
-        self.sched = Scheduler(self.args, None)
+        self.sched = Scheduler(self.args, None, dp_rank=dp_rank)
         self.sent: list = []
         self.sched.send = self.sent.append
         self.outputs: dict[str, list[int]] = {}

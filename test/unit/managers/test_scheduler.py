@@ -272,3 +272,20 @@ def test_prompt_plus_max_new_tokens_beyond_the_pool_is_rejected(model):
     r = s.finished[rid]
     assert r.type == "abort" and r.status_code == 400 and "40" in r.message and "50" in r.message and "64" in r.message
     s.assert_no_leak()
+
+
+def test_data_parallel_replicas_draw_their_own_seed_streams(model):
+    path, _, _ = model
+    prompt = _text(12, 7)
+
+    def sampled(dp_rank: int, **kw) -> list[int]:
+        s = InProcessScheduler(path, dp_rank=dp_rank, random_seed=3, **kw)
+        rid = s.submit(prompt, max_new_tokens=16, temperature=1.0, ignore_eos=True)  # no per-request seed
+        s.run_until_idle()
+        return s.outputs[rid]
+
+    # the same unseeded request on each replica (what an n=2 chat split across them sends) samples apart;
+    # replica 0 keeps --random-seed's own stream, so a single server's outputs do not move
+    first = sampled(0, dp_size=2)
+    assert sampled(1, dp_size=2) != first
+    assert sampled(0) == first
