@@ -125,8 +125,14 @@ envs.add("SGLANG_VLM_STAGE_TIMER", False, _parse_bool,
          "Time every VLM pipeline stage per request (same as --enable-vlm-stage-timer).")
 envs.add("SGLANG_TEST_DEVICE", "cpu", str, "Device the test suite runs models on (cpu or cuda).")
 envs.add("SGLANG_TORCH_PROFILER_DIR", "/tmp", str,
-         "Directory /start_profile writes the schedulers' torch.profiler traces to when its request names no "
-         "output_dir (upstream's variable and default).")
+         "Directory the schedulers' torch.profiler traces go under (upstream's variable and default), fixed at "
+         "launch: /start_profile writes there, or to its output_dir taken inside it; one outside it is a 400.")
+envs.add("SGLANG_PROFILE_NUM_STEPS", 64, int,
+         "Forward steps /start_profile records when its request names no num_steps, then it stops and writes the "
+         "trace by itself (upstream: until /stop_profile; the trace grows with every step, ~0.2 MiB a step on CPU).")
+envs.add("SGLANG_PROFILE_MAX_STEPS", 256, int,
+         "Largest num_steps /start_profile accepts (a larger one is a 400): bounds the trace's memory and the time "
+         "the scheduler stops to write it.")
 envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
          "ViT patch embedding as one Linear, Conv3d checkpoint weights reshaped at load (0: baseline Conv3d).")
 envs.add("SGLANG_VIT_FAST_POS_EMBED", True, _parse_bool,

@@ -8,15 +8,18 @@ around one request."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import openai
 import pytest
 import requests
 
 from conftest import wait_until
+from sglang.srt.environ import envs
 
 MAX_NEW = 10
 
@@ -270,8 +273,9 @@ def test_tokenize_and_detokenize_use_the_served_tokenizer(server, prefix):
     assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
 
 
-def test_profile_around_one_request_writes_a_trace(server, tmp_path):
-    out_dir = tmp_path / "traces"
+def test_profile_around_one_request_writes_a_trace(server, request):
+    out_dir = Path(envs.SGLANG_TORCH_PROFILER_DIR.get()).resolve() / f"sglang-e2e-{uuid.uuid4().hex[:8]}"  # only there
+    request.addfinalizer(lambda: shutil.rmtree(out_dir, ignore_errors=True))
     r = requests.post(server.url + "/start_profile", json={"output_dir": str(out_dir), "activities": ["CPU"]}, timeout=30)
     assert r.status_code == 200 and r.text.startswith("Start profiling."), r.text
     again = requests.post(server.url + "/start_profile", json={"output_dir": str(out_dir)}, timeout=30)

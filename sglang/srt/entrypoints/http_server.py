@@ -239,8 +239,8 @@ def create_app(
 
     @app.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(request: Request) -> Response:
-        """torch.profiler in every scheduler process until /stop_profile (or `num_steps` forward steps);
-        traces go to `output_dir`, else SGLANG_TORCH_PROFILER_DIR."""
+        """torch.profiler in every scheduler process until /stop_profile or `num_steps` forward steps (bounded);
+        traces go under SGLANG_TORCH_PROFILER_DIR (`output_dir` only inside it)."""
         try:
             body = await request.body()
             req = start_profile_request(parse_json_body(body) if body.strip() else {})

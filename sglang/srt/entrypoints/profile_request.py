@@ -8,7 +8,7 @@ from typing import Any
 
 from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.io_struct import ProfileReq
-from sglang.srt.managers.profiler import ACTIVITIES
+from sglang.srt.managers.profiler import ACTIVITIES, profile_steps, trace_dir
 
 # accepted only at their default: the behaviour they select is not built here
 _DEFAULT_ONLY = {"start_step": None, "profile_by_stage": False, "merge_profiles": False}
@@ -28,6 +28,10 @@ def start_profile_request(data: dict[str, Any]) -> ProfileReq:
     num_steps = data.get("num_steps")
     if num_steps is not None and (not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1):
         raise GenerateError(f"num_steps must be a positive integer, got {num_steps!r}")
+    try:  # refused here, before any scheduler makes a directory or starts recording
+        output_dir, num_steps = trace_dir(output_dir), profile_steps(num_steps)
+    except ValueError as e:
+        raise GenerateError(str(e)) from None
     activities = data.get("activities")
     if activities is None:
         activities = list(ACTIVITIES)

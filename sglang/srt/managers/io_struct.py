@@ -125,8 +125,8 @@ class ProfileReq:
     "stop", or by itself after `num_steps` forward steps)."""
 
     action: str  # "start" | "stop"
-    output_dir: str | None = None  # None: SGLANG_TORCH_PROFILER_DIR, read by the scheduler
-    num_steps: int | None = None  # stop by itself after this many forward steps
+    output_dir: str | None = None  # None: SGLANG_TORCH_PROFILER_DIR; refused outside it (profiler.trace_dir)
+    num_steps: int | None = None  # stop by itself after this many forward steps; None: SGLANG_PROFILE_NUM_STEPS
     activities: list[str] = field(default_factory=lambda: ["CPU", "GPU"])
     with_stack: bool = False
     record_shapes: bool = False

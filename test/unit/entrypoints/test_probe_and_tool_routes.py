@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -163,18 +164,26 @@ def test_tokenizer_routes_refuse_bad_bodies_naming_the_field(path, body, word):
 
 
 # ----------------------------------------------------------------------------- profiling
-def test_start_profile_defaults_and_fields_reach_the_schedulers():
+@pytest.fixture
+def profiler_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_TORCH_PROFILER_DIR", str(tmp_path))
+    return os.path.realpath(tmp_path)
+
+
+def test_start_profile_defaults_and_fields_reach_the_schedulers(profiler_dir):
     tm = Fake()
     app = _app(tm)
     status, text = call(app, "GET", "/start_profile")
     assert status == 200 and text.startswith(b"Start profiling.\n") and b"-TP-<rank>.trace.json.gz" in text
     req = tm.profile_reqs[-1]
-    assert (req.action, req.output_dir, req.num_steps, req.activities) == ("start", None, None, ["CPU", "GPU"])
+    # the launch directory and a bounded step count, never "until /stop_profile"
+    assert (req.action, req.output_dir, req.num_steps, req.activities) == ("start", profiler_dir, 64, ["CPU", "GPU"])
     assert req.profile_id and float(req.profile_id) > 0
-    status, _ = call(app, "POST", "/start_profile", {"output_dir": "/x", "num_steps": 3, "activities": ["CPU"],
+    status, _ = call(app, "POST", "/start_profile", {"output_dir": "x", "num_steps": 3, "activities": ["CPU"],
                                                       "record_shapes": True, "start_step": None})
     req = tm.profile_reqs[-1]
-    assert status == 200 and (req.output_dir, req.num_steps, req.activities, req.record_shapes) == ("/x", 3, ["CPU"], True)
+    assert status == 200 and (req.output_dir, req.num_steps, req.activities, req.record_shapes) == (
+        os.path.join(profiler_dir, "x"), 3, ["CPU"], True)
     status, text = call(app, "POST", "/stop_profile")
     assert status == 200 and text.startswith(b"Stop profiling.") and tm.profile_reqs[-1].action == "stop"
 
@@ -183,8 +192,10 @@ def test_start_profile_defaults_and_fields_reach_the_schedulers():
     ({"num_steps": 0}, "num_steps"), ({"num_steps": True}, "num_steps"), ({"activities": ["MEM"]}, "MEM"),
     ({"activities": []}, "activities"), ({"start_step": 4}, "start_step"), ({"merge_profiles": True}, "merge_profiles"),
     ({"output_dir": 3}, "output_dir"), ({"with_stack": "yes"}, "with_stack"), ({"bogus": 1}, "bogus"),
+    ({"output_dir": "/etc"}, "SGLANG_TORCH_PROFILER_DIR"), ({"output_dir": "../up"}, "SGLANG_TORCH_PROFILER_DIR"),
+    ({"num_steps": 257}, "maximum of 256 forward steps (SGLANG_PROFILE_MAX_STEPS)"),
 ])
-def test_start_profile_refuses_what_it_cannot_do(body, word):
+def test_start_profile_refuses_what_it_cannot_do(body, word, profiler_dir):
     tm = Fake()
     status, out = call_json(_app(tm), "POST", "/start_profile", body)
     assert status == 400 and word in out["error"]["message"], out

@@ -1,0 +1,56 @@
+"""One client against the rest (docs/reliability.md, "Request size, profiling and replicas"): each hostile
+request runs beside an ordinary /generate and /health probes (hostile.beside_ordinary), is refused with a
+4xx naming its limit or ends within its bound, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import requests
+
+from conftest import wait_until
+from hostile import HOSTILE_TIMEOUT_S, beside_ordinary
+from sglang.srt.environ import envs
+
+# the server inherits this process's environment (conftest.ServerProcess), so both read the same directory
+PROFILER_DIR = Path(envs.SGLANG_TORCH_PROFILER_DIR.get()).resolve()
+
+
+def _post(url: str, path: str, body: dict) -> requests.Response:
+    return requests.post(url + path, json=body, timeout=HOSTILE_TIMEOUT_S)
+
+
+def test_start_profile_writes_nowhere_outside_the_launch_directory(server):
+    name = f"sglang-profile-{uuid.uuid4().hex[:8]}"
+    for target in (f"/etc/{name}", f"../{name}", str(PROFILER_DIR.parent / name)):
+        r, _ = beside_ordinary(server.url, lambda: _post(server.url, "/start_profile", {"output_dir": target}))
+        assert r.status_code == 400 and "SGLANG_TORCH_PROFILER_DIR" in r.json()["error"]["message"], r.text
+        assert not (PROFILER_DIR.parent / name).exists() and not Path("/etc", name).exists()
+    r = _post(server.url, "/stop_profile", {})
+    assert r.status_code == 400 and "not in progress" in r.json()["error"]["message"]  # nothing was started
+
+
+def test_a_profile_without_num_steps_stops_by_itself(server):
+    out_dir = PROFILER_DIR / f"sglang-e2e-{uuid.uuid4().hex[:8]}"
+    steps = envs.SGLANG_PROFILE_NUM_STEPS.get()
+
+    def hostile() -> requests.Response:
+        r = _post(server.url, "/start_profile", {"output_dir": out_dir.name, "activities": ["CPU"]})
+        assert r.status_code == 200, r.text
+        # more forward steps than the default records: a prefill and one decode step per further token
+        return _post(server.url, "/generate", {"text": "profiled", "sampling_params": {
+            "max_new_tokens": steps + 8, "ignore_eos": True}})
+
+    try:
+        r, _ = beside_ordinary(server.url, hostile)
+        assert r.status_code == 200, r.text
+        # the last recorded step stops the profile and writes the trace, with nobody calling /stop_profile
+        wait_until(lambda: list(out_dir.glob("*-TP-0.trace.json.gz")), HOSTILE_TIMEOUT_S, what="the trace")
+        r = _post(server.url, "/stop_profile", {})
+        assert r.status_code == 400 and "not in progress" in r.json()["error"]["message"], r.text
+        r = _post(server.url, "/start_profile", {"num_steps": envs.SGLANG_PROFILE_MAX_STEPS.get() + 1})
+        assert r.status_code == 400 and "SGLANG_PROFILE_MAX_STEPS" in r.json()["error"]["message"], r.text
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
