@@ -148,6 +148,9 @@ envs.add("SGLANG_MM_HASH_ALGO", "xxh3_128", lambda raw: _parse_choice(raw, ("xxh
 envs.add("SGLANG_IMAGE_MAX_PIXELS", None, _parse_pixels,
          "Upstream's cap on the pixels of one resized image: lowers the model's max_pixels (never raises it); "
          "unset: the model's preprocessor config (upstream's default, 12845056, is not applied).")
+envs.add("SGLANG_MAX_PROMPT_CHARS_PER_TOKEN", 32, int,
+         "A prompt's text (after the chat template; /tokenize's too) longer than the context length times this many "
+         "characters is a 400 before it is tokenized; a token id list to decode, longer than the context length.")
 envs.add("SGLANG_VIDEO_MAX_SECONDS", 3600.0, float,
          "Longest video accepted (seconds, from the file's header); a longer one is a 400 naming the limit.")
 envs.add("SGLANG_VIDEO_MAX_BYTES", 4 << 30, _parse_positive_int,

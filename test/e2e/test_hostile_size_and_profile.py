@@ -54,3 +54,40 @@ def test_a_profile_without_num_steps_stops_by_itself(server):
         assert r.status_code == 400 and "SGLANG_PROFILE_MAX_STEPS" in r.json()["error"]["message"], r.text
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+# Nearly the test server's 4 MiB body limit of text (16 MiB took 13.8 s and kept 1.4 GiB in the tokenizer
+# process, holding the tokenizer lock, on a server with a larger limit)
+HUGE_TEXT = ("The quick brown fox jumps over the lazy dog. " * (2**22 // 45))
+
+
+def _limit_message(r: requests.Response) -> str:
+    assert r.status_code == 400, r.text[:300]
+    msg = r.json()["error"]["message"]
+    assert "characters" in msg and "SGLANG_MAX_PROMPT_CHARS_PER_TOKEN" in msg, msg
+    return msg
+
+
+def test_text_too_long_for_any_tokenization_is_refused_before_tokenizing(server):
+    from sglang.srt.utils.process_tree import rss_bytes
+
+    context = requests.get(server.url + "/model_info", timeout=30).json()["context_length"]
+    limit = context * envs.SGLANG_MAX_PROMPT_CHARS_PER_TOKEN.get()
+    before = rss_bytes(server.proc.pid, "RssAnon")
+    r, _ = beside_ordinary(server.url, lambda: _post(server.url, "/tokenize", {"prompt": HUGE_TEXT}))
+    assert f"at most {limit} characters" in _limit_message(r)
+    # the text was never tokenized: the tokenizer process keeps little of the body it parsed
+    assert rss_bytes(server.proc.pid, "RssAnon") - before < 64 * 2**20
+    over = "word " * (limit // 5 + 1)
+    for path, body in (("/generate", {"text": over, "sampling_params": {"max_new_tokens": 2}}),
+                       ("/v1/completions", {"model": "m", "prompt": over, "max_tokens": 2}),
+                       ("/v1/chat/completions", {"model": "m", "max_tokens": 2,
+                                                 "messages": [{"role": "user", "content": over}]}),
+                       ("/tokenize", {"prompt": ["short", over]})):
+        r, _ = beside_ordinary(server.url, lambda: _post(server.url, path, body))
+        _limit_message(r)
+    r, _ = beside_ordinary(server.url, lambda: _post(server.url, "/detokenize", {"tokens": [13] * (context + 1)}))
+    assert r.status_code == 400 and f"({context} tokens)" in r.json()["error"]["message"], r.text[:300]
+    # just under the bound the text is tokenized as before (it may then be too long in tokens)
+    r = _post(server.url, "/tokenize", {"prompt": "x" * limit})
+    assert r.status_code == 200 and r.json()["count"] >= 1

@@ -21,6 +21,7 @@ from typing import Any
 from sglang.srt.managers.chat_messages import split_chat_media
 from sglang.srt.managers.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
+from sglang.srt.managers.tokenizer_lanes import TokenizerLanes
 from sglang.srt.environ import envs
 from sglang.srt.multimodal.deferred_decode import deferred_decode_enabled
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
@@ -110,9 +111,9 @@ class RequestBuilder:
         # Only per-image work runs here: `build` itself runs in another pool and waits on this one.
         self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
-        self._tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe to call concurrently
+        self.lanes = TokenizerLanes(self.tokenizer, self.context_length, envs.SGLANG_MAX_PROMPT_CHARS_PER_TOKEN.get())
         if self.processor is not None:
-            self.processor.tokenizer_lock = self._tokenizer_lock  # it tokenizes video timestamps
+            self.processor.tokenizer_lock = self.lanes.lock  # it tokenizes video timestamps
         # shared-memory transport: pixels go to /dev/shm here; the request carries pointers only
         self.shm_prefix = segment_prefix(server_args.port) if use_shm_transport(server_args) else None
         self.unsent_shm: dict[str, tuple[list[str], float]] = {}  # rid -> (segment names, time built)
@@ -214,9 +215,8 @@ class RequestBuilder:
             prompt = self._render_chat(req.messages, obj) if req.messages is not None else obj.text
             if obj.input_ids is not None:
                 ids = check_input_ids(obj.input_ids, self.vocab_size)
-            else:
-                with self._tokenizer_lock:
-                    ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            else:  # bounded in characters first; a long prompt takes its own lane
+                ids = self.lanes.encode(prompt, add_special_tokens=False)
             mm_inputs = None
             timings: dict[str, float] = {}
             if self.processor is not None:

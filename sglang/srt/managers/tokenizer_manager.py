@@ -473,9 +473,8 @@ class TokenizerManager:
     # ------------------------------------------------------------------ tokenizer only
     async def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Token ids of each text with the server's tokenizer (no chat template), off the event loop."""
-        def run() -> list[list[int]]:
-            with self.builder._tokenizer_lock:
-                return [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
+        def run() -> list[list[int]]:  # bounded and laned as prompts are (tokenizer_lanes.py)
+            return [self.builder.lanes.encode(t, add_special_tokens) for t in texts]
 
         return await asyncio.get_running_loop().run_in_executor(self._request_pool, run)
 
@@ -483,10 +482,10 @@ class TokenizerManager:
         """The text of each id sequence; an id outside the vocabulary is a 400 naming it."""
         for ids in seqs:
             check_input_ids(ids, self.builder.vocab_size)
+            self.builder.lanes.check_ids(ids)
 
         def run() -> list[str]:
-            with self.builder._tokenizer_lock:
-                return [self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in seqs]
+            return [self.builder.lanes.decode(ids, skip_special_tokens) for ids in seqs]
 
         return await asyncio.get_running_loop().run_in_executor(self._request_pool, run)
 
