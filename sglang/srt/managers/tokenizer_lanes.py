@@ -25,6 +25,11 @@ LONG_CHARS = 1 << 16
 LONG_IDS = 1 << 14
 
 
+def check_id_count(n: int, context_length: int) -> None:
+    if n > context_length:  # upstream's wording for a prompt over the context
+        raise GenerateError(f"The input ({n} tokens) is longer than the model's context length ({context_length} tokens).")
+
+
 class TokenizerLanes:
     def __init__(self, tokenizer: Any, context_length: int, chars_per_token: int):
         self.tokenizer = tokenizer
@@ -43,10 +48,7 @@ class TokenizerLanes:
             )
 
     def check_ids(self, ids: list[int]) -> None:
-        if len(ids) > self.context_length:
-            raise GenerateError(
-                f"The input ({len(ids)} tokens) is longer than the model's context length ({self.context_length} tokens)."
-            )
+        check_id_count(len(ids), self.context_length)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         self.check_text(text)

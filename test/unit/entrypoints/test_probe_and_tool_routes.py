@@ -157,6 +157,9 @@ def test_detokenize_shapes(prefix):
     ("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", b"{", "JSON"),
     ("/detokenize", {"tokens": ["a"]}, "tokens"), ("/detokenize", {"tokens": [True]}, "tokens"),
     ("/detokenize", {"text": "x"}, "tokens"),
+    # more ids than the context length: refused before validating them (the fake's context is 4096)
+    ("/detokenize", {"tokens": ["a"] * 4097}, "(4097 tokens) is longer than the model's context length (4096 tokens)"),
+    ("/detokenize", {"tokens": [[1], [1] * 4097]}, "(4097 tokens)"),
 ])
 def test_tokenizer_routes_refuse_bad_bodies_naming_the_field(path, body, word):
     status, out = call_json(_app(Fake()), "POST", path, body)

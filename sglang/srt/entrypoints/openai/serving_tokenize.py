@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from sglang.srt.entrypoints.openai.serving_base import format_validation_error, parse_json_body
 from sglang.srt.managers.errors import GenerateError
+from sglang.srt.managers.tokenizer_lanes import check_id_count
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 
@@ -33,9 +34,9 @@ class DetokenizeRequest(BaseModel):
     skip_special_tokens: bool = True
 
 
-def _parse(model: type[BaseModel], body: bytes) -> Any:
+def _parse(model: type[BaseModel], body: bytes | dict[str, Any]) -> Any:
     try:
-        return model.model_validate(parse_json_body(body))
+        return model.model_validate(parse_json_body(body) if isinstance(body, bytes) else body)
     except ValidationError as e:
         raise GenerateError(format_validation_error(e)) from None
 
@@ -50,7 +51,12 @@ async def tokenize(tm: TokenizerManager, body: bytes) -> dict[str, Any]:
 
 
 async def detokenize(tm: TokenizerManager, body: bytes) -> dict[str, Any]:
-    req = _parse(DetokenizeRequest, body)
+    data = parse_json_body(body)
+    tokens = data.get("tokens")
+    if isinstance(tokens, list):  # lengths first: validating millions of ids held the event loop for seconds
+        for seq in tokens if tokens and isinstance(tokens[0], list) else [tokens]:
+            check_id_count(len(seq) if isinstance(seq, list) else 0, tm.context_length)
+    req = _parse(DetokenizeRequest, data)
     batch = bool(req.tokens) and isinstance(req.tokens[0], list)
     texts = await tm.detokenize(req.tokens if batch else [req.tokens], req.skip_special_tokens)
     return {"text": texts if batch else texts[0]}
