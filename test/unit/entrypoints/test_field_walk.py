@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -32,7 +33,10 @@ CHAT: dict[str, Any] = {
     "top_logprobs": (2, {"logprobs": True}), "max_tokens": 7, "max_completion_tokens": 7, "n": 2,
     "presence_penalty": 0.5, "response_format": {"type": "json_object"}, "seed": 3, "stop": ["x"], "stream": True,
     "stream_options": ({"include_usage": True}, {"stream": True}), "temperature": 0.5, "top_p": 0.5, "user": "u1",
-    "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False, "return_hidden_states": True,
+    # with tools, on a server whose template has a tool-call format: refused without them, these fields
+    # would pass the walk by naming themselves in "needs tools" (parallel_tool_calls was ignored unseen)
+    "tools": TOOLS, "tool_choice": ("required", {"tools": TOOLS}), "parallel_tool_calls": (False, {"tools": TOOLS}),
+    "return_hidden_states": True,
     "return_routed_experts": True, "routed_experts_start_len": 3, "return_cached_tokens_details": True,
     "return_prompt_token_ids": True, "return_token_ids": True, "return_meta_info": True, "reasoning_effort": "low",
     "reasoning": {"effort": "low"}, "task": "title", "top_k": 5, "min_p": 0.1, "min_tokens": 2, "regex": "a+",
@@ -116,9 +120,19 @@ def _openai_outcome(serving, base: dict[str, Any], extra: dict[str, Any]) -> lis
     try:
         req = serving._parse(__import__("orjson").dumps(body))
         copies = [c for o in serving._convert_to_internal_requests(req, 0.0) for c in o.parallel_copies()]
-        return [_as_engine_sees_it(c) for c in copies]
+        outcome = [_as_engine_sees_it(c) for c in copies]
     except (GenerateError, ValueError) as e:
         return getattr(e, "message", str(e))
+    if isinstance(serving, OpenAIServingChat):  # and how the output becomes the response (tool calls kept)
+        outcome.append(dataclasses.asdict(serving._output_processor(req, SimpleNamespace(prompts=[]), 0).options))
+    return outcome
+
+
+def _chat_serving() -> OpenAIServingChat:
+    """A chat server whose template has Qwen's tool-call format, so tool fields can be honoured."""
+    tm = SimpleNamespace(server_args=SimpleNamespace(tool_call_parser=None, reasoning_parser=None),
+                         builder=SimpleNamespace(tokenizer=SimpleNamespace(chat_template="{% if tools %}<tool_call>{% endif %}")))
+    return OpenAIServingChat(tm, "default")
 
 
 def _as_engine_sees_it(obj) -> dict[str, Any]:
@@ -147,7 +161,7 @@ def _walk(outcome, fields: dict[str, Any]):
     (OpenAIServingCompletion, {"prompt": "hi"}, COMPLETION),
 ], ids=["chat", "completions"])
 def test_every_upstream_openai_field_is_honoured_or_refused_by_name(serving_cls, base, fields):
-    serving = serving_cls(None, "default")
+    serving = _chat_serving() if serving_cls is OpenAIServingChat else serving_cls(None, "default")
     _walk(lambda extra: _openai_outcome(serving, base, extra), fields)
 
 

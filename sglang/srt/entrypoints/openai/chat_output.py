@@ -2,7 +2,8 @@
 (`--reasoning-parser`, `separate_reasoning`), then tool calls parsed from the rest (`tools` with a
 tool-call format); whole for a response, piece by piece for a stream. Streamed tool calls follow
 OpenAI's deltas: a call's first delta carries its index, id, type and name, the later ones pieces of
-its arguments."""
+its arguments. `max_calls` (1 for `parallel_tool_calls: false`) keeps only the first calls: under
+`tool_choice: auto` nothing constrains the output to one call, so the later ones are dropped here."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class ChatOutputOptions:
     stream_reasoning: bool = True
     tool_parser: str | None = None  # None: no tool calls are parsed
     tools: list[dict[str, Any]] | None = None
+    max_calls: int | None = None  # None: every call parsed
 
 
 @dataclass
@@ -45,6 +47,7 @@ class ChatOutputProcessor:
                           if opts.reasoning_parser else None)
         self.tools = FunctionCallParser(opts.tools, opts.tool_parser) if opts.tool_parser else None
         self.made_calls = False  # a call was sent: the choice finishes with "tool_calls"
+        self.options = opts
 
     def final(self, text: str) -> ChatPiece:
         """The whole output of a (non-streamed) choice."""
@@ -54,6 +57,7 @@ class ChatOutputProcessor:
         calls = None
         if self.tools is not None and content:
             content, items = self.tools.parse_non_stream(content)
+            items = self._kept(items)
             calls = [ToolCallOut(id=tool_call_id(), index=it.tool_index, type="function",
                                  function=FunctionCallOut(name=it.name, arguments=it.parameters)) for it in items]
             self.made_calls = bool(calls)
@@ -74,8 +78,12 @@ class ChatOutputProcessor:
             if last:
                 more, more_items = self.tools.finish()
                 content, items = content + more, items + more_items
-            calls = self._call_deltas(items)
+            calls = self._call_deltas(self._kept(items))
         return ChatPiece(content=content or None, reasoning=reasoning, tool_calls=calls)
+
+    def _kept(self, items: list[ToolCallItem]) -> list[ToolCallItem]:
+        limit = self.options.max_calls
+        return items if limit is None else [it for it in items if it.tool_index < limit]
 
     def _call_deltas(self, items: list[ToolCallItem]) -> list[ToolCallOut] | None:
         """The items of one step merged per call: a call's first delta (index, id, type, name) and its

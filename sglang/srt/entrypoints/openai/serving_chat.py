@@ -118,6 +118,7 @@ class OpenAIServingChat(OpenAIServingBase):
             stream_reasoning=req.stream_reasoning,
             tool_parser=self._tool_call_parser() if self._tools_enabled(req) else None,
             tools=req.tools,
+            max_calls=None if req.parallel_tool_calls else 1,
         ))
 
     # ------------------------------------------------------------------ response

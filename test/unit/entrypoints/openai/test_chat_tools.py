@@ -123,3 +123,24 @@ def test_template_gets_arguments_as_objects():
         split_chat_media([{"role": "assistant", "tool_calls": [bad]}])
     with pytest.raises(ValueError, match=r"messages\[0\]: only assistant messages carry tool_calls"):
         split_chat_media([{"role": "user", "content": "x", "tool_calls": [call]}])
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls_false_keeps_one_call_under_auto(parallel):
+    """Under tool_choice auto with no strict function nothing constrains the output to one call: with
+    parallel_tool_calls false the response carries only the first, whole and streamed."""
+    two = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call>')
+    srv = serving()
+    req = srv._parse(orjson.dumps({"messages": MSG, "tools": TOOLS, "parallel_tool_calls": parallel}))
+    assert "structural_tag" not in srv._convert_to_internal_request(req, 0.0).sampling_params  # auto: no grammar
+    ctx = SimpleNamespace(prompts=[])
+    want = ["get_weather", "add"] if parallel else ["get_weather"]
+    proc = srv._output_processor(req, ctx, 0)
+    piece = proc.final(two)
+    assert [c.function.name for c in piece.tool_calls] == want and proc.made_calls
+    assert [c.index for c in piece.tool_calls] == list(range(len(want))) and not piece.content
+    proc = srv._output_processor(req, ctx, 0)
+    deltas = [c for p in [proc.delta(ch) for ch in two] + [proc.delta("", last=True)] for c in (p.tool_calls or [])]
+    assert [d.function.name for d in deltas if d.function.name] == want
+    assert {d.index for d in deltas} == set(range(len(want)))
