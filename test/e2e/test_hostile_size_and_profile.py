@@ -77,7 +77,7 @@ def test_text_too_long_for_any_tokenization_is_refused_before_tokenizing(server)
     r, _ = beside_ordinary(server.url, lambda: _post(server.url, "/tokenize", {"prompt": HUGE_TEXT}))
     assert f"at most {limit} characters" in _limit_message(r)
     # the text was never tokenized: the tokenizer process keeps little of the body it parsed
-    assert rss_bytes(server.proc.pid, "RssAnon") - before < 64 * 2**20
+    assert rss_bytes(server.proc.pid, "RssAnon") - before < 128 * 2**20  # tokenizing it kept ~350 MiB
     over = "word " * (limit // 5 + 1)
     for path, body in (("/generate", {"text": over, "sampling_params": {"max_new_tokens": 2}}),
                        ("/v1/completions", {"model": "m", "prompt": over, "max_tokens": 2}),
