@@ -72,7 +72,9 @@ class LoadBalancer:
 # Server-info figures that add up over replicas; the rest (context length, chunk size, ...) is replica 0's.
 SUMMED_INFO_KEYS = ("max_total_num_tokens", "max_running_requests", "available_kv_tokens", "free_kv_tokens",
                     "radix_cache_tokens", "num_running_reqs", "num_waiting_reqs", "free_req_slots",
-                    "num_retractions", "num_request_errors")
+                    "num_retractions", "num_request_errors", "num_grammar_queue_reqs")
+# figures held as a dict of counts (a cache's entries, hits, misses, bytes): summed key by key
+SUMMED_INFO_DICTS = ("grammar_cache",)
 
 
 def merge_server_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
@@ -85,6 +87,11 @@ def merge_server_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     for key in SUMMED_INFO_KEYS:
         if all(isinstance(i.get(key), (int, float)) for i in infos):
             merged[key] = sum(i[key] for i in infos)
+    for key in SUMMED_INFO_DICTS:
+        dicts = [i.get(key) for i in infos]
+        if all(isinstance(d, dict) for d in dicts):
+            merged[key] = {k: sum(d.get(k, 0) for d in dicts) for k in dicts[0]
+                           if all(isinstance(d.get(k, 0), (int, float)) for d in dicts)}
     merged["replicas"] = infos
     return merged
 

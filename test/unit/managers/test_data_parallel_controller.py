@@ -69,6 +69,18 @@ def test_server_infos_sum_counts_and_keep_each_replica():
     assert merge_server_infos([a]) is a  # one replica: unchanged
 
 
+def test_server_infos_sum_the_grammar_queue_and_cache_of_every_replica():
+    cache = {"entries": 2, "hits": 5, "misses": 2, "compiling": 1}
+    a = {"dp_rank": 0, "num_grammar_queue_reqs": 1, "grammar_cache": cache}
+    b = {"dp_rank": 1, "num_grammar_queue_reqs": 3, "grammar_cache": {k: 10 * v for k, v in cache.items()}}
+    merged = merge_server_infos([a, b])
+    assert merged["num_grammar_queue_reqs"] == 4
+    assert merged["grammar_cache"] == {"entries": 22, "hits": 55, "misses": 22, "compiling": 11}
+    assert merged["replicas"][0]["grammar_cache"] == cache  # each replica's own figures stay listed
+    off = merge_server_infos([dict(a, grammar_cache=None), dict(b, grammar_cache=None)])  # --grammar-backend none
+    assert off["grammar_cache"] is None
+
+
 def test_flush_and_profile_succeed_only_when_every_replica_did():
     ok, busy = FlushCacheReqOutput(True), FlushCacheReqOutput(False, "requests are running")
     assert merge_flush_replies([ok, ok]).success
