@@ -91,10 +91,12 @@ class XGrammarBackend:
 
     def _with_json_options(self, text: str) -> str:
         """The structural tag with the server's JSON whitespace options on every JSON schema inside it
-        that sets none of its own (compile_structural_tag takes no options)."""
+        that sets none of its own (compile_structural_tag takes no options). A tag's json_schema node has
+        no `any_whitespace`, and xgrammar refuses `max_whitespace_cnt: 0`: under
+        --constrained-json-disable-any-whitespace a plain JSON node becomes the grammar node of the
+        same schema compiled compact (what compile_json_schema(any_whitespace=False) accepts)."""
         opts = self.json_options
-        limit = 0 if opts.disable_any_whitespace else opts.max_whitespace_cnt
-        if limit is None:
+        if not opts.disable_any_whitespace and opts.max_whitespace_cnt is None:
             return text
         try:
             tag = json.loads(text)
@@ -104,7 +106,7 @@ class XGrammarBackend:
         def visit(node):
             if isinstance(node, dict):
                 if node.get("type") == "json_schema" and "json_schema" in node:
-                    node.setdefault("max_whitespace_cnt", limit)
+                    _apply_json_options(node, opts)
                 for value in node.values():
                     visit(value)
             elif isinstance(node, list):
@@ -119,6 +121,28 @@ class XGrammarBackend:
         import xgrammar as xg
 
         return xg.GrammarMatcher(compiled, override_stop_tokens=self.stop_token_ids)
+
+
+# json_schema node fields that a grammar node cannot carry: a node using one keeps its json_schema form
+_JSON_NODE_ONLY = ("any_order", "excludes", "max_whitespace_cnt")
+
+
+def _apply_json_options(node: dict, opts: JsonOptions) -> None:
+    """One structural-tag json_schema node under the server's whitespace options, in place."""
+    if "max_whitespace_cnt" in node:
+        return  # the tag's own limit wins
+    if not opts.disable_any_whitespace:
+        node["max_whitespace_cnt"] = opts.max_whitespace_cnt
+        return
+    if node.get("style", "json") != "json" or any(k in node for k in _JSON_NODE_ONLY):
+        return  # XML styles have no JSON separators; these options exist only on the json_schema node
+    import xgrammar as xg
+
+    schema = node["json_schema"]
+    ebnf = str(xg.Grammar.from_json_schema(schema if isinstance(schema, str) else json.dumps(schema),
+                                           any_whitespace=False, strict_mode=True))
+    node.clear()
+    node.update(type="grammar", grammar=ebnf)
 
 
 def _clean(message: str) -> str:

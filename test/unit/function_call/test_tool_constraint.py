@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -108,3 +109,30 @@ def test_strict_auto_constrains_only_the_calls_that_begin(backend):
     assert backend.matcher(compiled).accept_string("no call at all")
     assert not backend.matcher(compiled).accept_string('<tool_call>\n{"name": "add", "arguments": {"a": "x"')
     assert not backend.matcher(compiled).accept_string('<tool_call>\n{"name": "nope"')
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}, "strict"])
+def test_compact_json_flag_compiles_every_tool_grammar(tiny_model_dir, tok, choice):
+    """--constrained-json-disable-any-whitespace: the call grammars compile (xgrammar refuses a tag's
+    max_whitespace_cnt 0) and their arguments are compact JSON, as compile_json_schema's. (Functions
+    without length-bounded strings: xgrammar lets those hold raw control characters, see
+    docs/structured-output.md, which the parser's strict JSON refuses.)"""
+    tools = TOOLS[1:]
+    compact = XGrammarBackend(str(tiny_model_dir("qwen3-vl-tiny")), VOCAB, stop_token_ids=[151645],
+                              json_options=JsonOptions(disable_any_whitespace=True))
+    if choice == "strict":
+        strict = [{**t, "function": {**t["function"], "strict": True}} for t in tools]
+        tag = strict_auto_structural_tag(strict, one_call=True)
+    else:
+        tag = tool_call_structural_tag(chosen_functions(tools, choice), one_call=True)
+    compiled = compact.compile(("structural_tag", tag))
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    assert compact.matcher(compiled).accept_string(call)
+    assert not compact.matcher(compiled).accept_string(call.replace('{"a": 1', '{ "a": 1'))  # free whitespace
+    for seed in range(2 if choice != "strict" else 0):  # strict auto: free text first, walks need not end
+        text = tok.decode(random_walk(compact, compiled, seed)[:-1], skip_special_tokens=False)
+        _, calls = FunctionCallParser(tools, "qwen25").parse_non_stream(text)
+        assert len(calls) == 1, text
+        outside_strings = re.sub(r'"(?:\\.|[^"\\])*"', '""', calls[0].parameters)
+        assert not re.search(r"\s", re.sub(r"[,:] ", "", outside_strings)), text  # only the separators' spaces
+        jsonschema.validate(json.loads(calls[0].parameters, strict=False), SCHEMAS[calls[0].name])
