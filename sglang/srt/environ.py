@@ -133,6 +133,10 @@ envs.add("SGLANG_PROFILE_NUM_STEPS", 64, int,
 envs.add("SGLANG_PROFILE_MAX_STEPS", 256, int,
          "Largest num_steps /start_profile accepts (a larger one is a 400): bounds the trace's memory and the time "
          "the scheduler stops to write it.")
+# grammars (constrained output): what one request's grammar may cost the others
+envs.add("SGLANG_GRAMMAR_MAX_BYTES", 65536, int,
+         "Largest grammar text accepted (a regex, EBNF, JSON schema or structural tag, in UTF-8 bytes); a larger one "
+         "is a 400 naming the limit, before anything compiles it.")
 envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
          "ViT patch embedding as one Linear, Conv3d checkpoint weights reshaped at load (0: baseline Conv3d).")
 envs.add("SGLANG_VIT_FAST_POS_EMBED", True, _parse_bool,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sglang.srt.constrained.grammar_limits import GrammarLimitError, check_grammar_text
+
 # sampling parameter -> grammar kind
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # what response_format {"type": "json_object"} compiles to: any JSON object, as OpenAI's JSON mode
@@ -163,5 +165,9 @@ def checked_sampling_constraint(params: Any) -> tuple[str, str] | None:
         value = structural_tag_text(value, kind)
     else:
         value = _string(value, kind)
+    try:
+        check_grammar_text(kind, value)  # size and unsupported schema keywords, before anything compiles it
+    except GrammarLimitError as e:
+        raise ConstraintError(str(e)) from None
     setattr(params, kind, value)
     return kind, value
