@@ -137,6 +137,12 @@ envs.add("SGLANG_PROFILE_MAX_STEPS", 256, int,
 envs.add("SGLANG_GRAMMAR_MAX_BYTES", 65536, int,
          "Largest grammar text accepted (a regex, EBNF, JSON schema or structural tag, in UTF-8 bytes); a larger one "
          "is a 400 naming the limit, before anything compiles it.")
+envs.add("SGLANG_GRAMMAR_COMPILE_TIMEOUT_S", 30.0, float,
+         "Longest a grammar may compile (seconds, from the start of its compile); past it the request is a 400 "
+         "naming the limit and the compile, which cannot be interrupted, no longer holds a compile thread.")
+envs.add("SGLANG_GRAMMAR_CACHE_MB", 128.0, float,
+         "Byte budget (MiB) of each scheduler rank's compiled-grammar cache (xgrammar's own size of each compiled "
+         "grammar); least recently used grammars go first, one larger than the budget is not kept.")
 envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
          "ViT patch embedding as one Linear, Conv3d checkpoint weights reshaped at load (0: baseline Conv3d).")
 envs.add("SGLANG_VIT_FAST_POS_EMBED", True, _parse_bool,

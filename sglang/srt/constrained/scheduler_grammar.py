@@ -1,5 +1,5 @@
 """The scheduler's grammar queue: a constrained request waits here, holding no KV, while its grammar
-compiles in a worker thread (from this rank's own cache: compiled grammars do not cross processes);
+compiles in a compile thread (from this rank's own cache: compiled grammars do not cross processes);
 the loop never waits on a compile.
 
 Every rank receives the same requests and aborts in the same order, so every rank's queue holds the
@@ -16,8 +16,10 @@ import torch
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.matcher import RequestGrammar
 from sglang.srt.constrained.xgrammar_backend import JsonOptions, XGrammarBackend
+from sglang.srt.environ import envs
 
 SCHEDULER_CACHE_ENTRIES = 64  # compiled grammars kept per rank (each holds its token-mask cache)
+SCHEDULER_COMPILE_PLACES = 2
 
 
 class GrammarQueue:
@@ -25,7 +27,11 @@ class GrammarQueue:
                  max_entries: int = SCHEDULER_CACHE_ENTRIES):
         self.backend = backend or XGrammarBackend(tokenizer_path, vocab_size, sorted(eos_ids),
                                                   JsonOptions.from_server_args(server_args))
-        self.cache = GrammarCache(self.backend.compile, max_entries, name="sglang-sched-grammar")
+        self.cache = GrammarCache(self.backend.compile, max_entries, threads=SCHEDULER_COMPILE_PLACES,
+                                  name="sglang-sched-grammar", max_bytes=int(envs.SGLANG_GRAMMAR_CACHE_MB.get() * (1 << 20)),
+                                  size_of=lambda compiled: getattr(compiled, "memory_size_bytes", 0),
+                                  timeout_s=envs.SGLANG_GRAMMAR_COMPILE_TIMEOUT_S.get(),
+                                  prepare=getattr(self.backend, "prepare", None))
         self.tp = tp
         self.pending: list[tuple[object, Future]] = []
 

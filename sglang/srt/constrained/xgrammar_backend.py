@@ -70,6 +70,10 @@ class XGrammarBackend:
             # our own LRU (grammar_cache) bounds what is kept: xgrammar's cache stays off
             self._compiler = xg.GrammarCompiler(self._info, max_threads=self._max_threads, cache_enabled=False)
 
+    def prepare(self) -> None:
+        """Builds the vocabulary view and the compiler (once; a compile does it on first use)."""
+        self._ensure()
+
     def compile(self, key: tuple[str, str]):
         """The CompiledGrammar of `key`; GrammarCompileError naming the problem if it does not compile."""
         self._ensure()

@@ -129,3 +129,28 @@ def test_cache_compiles_a_key_once_and_stays_bounded():
         assert cache.hits == 2 and cache.misses == 3
     finally:
         cache.close()
+
+
+def test_cache_is_bounded_by_the_compiled_grammars_bytes():
+    """Eight distinct large grammars no longer stay: the cache keeps what fits its byte budget (the
+    scheduler's weighs xgrammar's memory_size_bytes), least recently used first, and one larger than
+    the whole budget is not kept at all (its caller still gets it)."""
+    sizes = {f"g{i}": 100_000 for i in range(8)} | {"huge": 10_000_000}
+    cache = GrammarCache(lambda key: sizes[key[1]], max_entries=64, max_bytes=350_000, size_of=lambda s: s)
+    try:
+        for i in range(8):
+            assert cache.get(("regex", f"g{i}")).result(5) == 100_000
+        assert len(cache) == 3 and cache.bytes <= 350_000  # 3 x (100_000 + key) fit
+        assert all(("regex", f"g{i}") in cache for i in (5, 6, 7))
+        assert cache.get(("regex", "huge")).result(5) == 10_000_000
+        assert ("regex", "huge") not in cache and len(cache) == 3
+        assert cache.stats()["bytes"] == cache.bytes <= 350_000
+    finally:
+        cache.close()
+
+
+def test_compiled_grammar_reports_its_memory(backend):
+    """The figure the scheduler's cache weighs by: xgrammar's own, growing with the grammar."""
+    small = backend.compile(("regex", "[0-9]{4}")).memory_size_bytes
+    large = backend.compile(("regex", "[a-z]" * 2000)).memory_size_bytes
+    assert 0 < small < large

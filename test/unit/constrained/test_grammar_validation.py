@@ -4,6 +4,7 @@ problem, within a time limit; --grammar-backend none refuses every constraint na
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from types import SimpleNamespace
 
@@ -76,3 +77,56 @@ def test_grammar_backend_none_names_the_flag():
         asyncio.run(v.check(("ebnf", 'root ::= "a"')))
     assert e.value.status_code == 400 and "--grammar-backend none" in e.value.message
     asyncio.run(v.check(None))
+
+
+class _SlowBackend:
+    """Grammars named "slow..." compile until the gate opens; the others at once."""
+
+    def __init__(self):
+        self.gate, self.compiled = threading.Event(), []
+
+    def compile(self, key):
+        if key[1].startswith("slow"):
+            self.gate.wait(60)
+        self.compiled.append(key)
+        return key
+
+
+def test_slow_compiles_past_the_limit_do_not_hold_back_the_next_check():
+    """Every compile place taken by a grammar that overruns: each is a 400 naming the limit at its limit,
+    and a small grammar checked next still compiles (it had waited for a place, then timed out, and the
+    same slow grammar sent again compiled again)."""
+    slow = _SlowBackend()
+    v = GrammarValidator(ARGS, "unused", 100, backend=slow, timeout_s=1.0)
+
+    async def main():
+        hostile = [asyncio.ensure_future(v.check(("regex", f"slow{i}"))) for i in range(6)]
+        errors = await asyncio.gather(*hostile, return_exceptions=True)
+        await v.check(("regex", "[0-9]{4}"))  # the slow ones are still compiling (gate closed)
+        with pytest.raises(GenerateError):
+            await v.check(("regex", "slow0"))  # the verdict is kept: refused without compiling again
+        return errors
+
+    try:
+        errors = asyncio.run(main())
+        assert all(isinstance(e, GenerateError) and e.status_code == 400 for e in errors), errors
+        assert errors[0].message == ("the regex did not compile within 1 s (SGLANG_GRAMMAR_COMPILE_TIMEOUT_S); "
+                                     "simplify it")
+        assert not slow.gate.is_set() and slow.compiled == [("regex", "[0-9]{4}")]
+        assert v.cache.misses == 7 and v.cache.stats()["overruns"] == 6
+    finally:
+        slow.gate.set()
+        v.close()
+
+
+def test_the_check_cache_keeps_digests_not_texts(model_path):
+    v = GrammarValidator(ARGS, model_path, 151936)
+    big = "(" + "|".join(f"word{i}" for i in range(5000)) + ")"
+    try:
+        asyncio.run(v.check(("regex", big)))
+        (kind, digest), = v.cache._entries
+        assert kind == "regex" and isinstance(digest, bytes) and len(digest) == 32
+        assert ("regex", big) in v.cache and v.cache.stats()["bytes"] < 1024
+    finally:
+        v.close()
+
