@@ -149,13 +149,14 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
 
     def _admit_compiled_grammars(self) -> None:
         """Constrained requests whose grammar is ready on every rank join the waiting queue; one that failed
-        to compile ends with a 400 naming the problem (the tokenizer manager checked it: rare)."""
+        to compile on any rank ends with a 400 naming the problem (the tokenizer manager checked it: rare), or
+        a 500 when the backend itself failed."""
         if not self.grammar_queue:
             return
         ready, failed = self.grammar_queue.pop_ready()
         self.waiting.extend(ready)
-        for req, message in failed:
-            self.finish(req, FinishReason("abort", message=message, status_code=400))
+        for req, message, status in failed:
+            self.finish(req, FinishReason("abort", message=message, status_code=status))
 
     def _fit_prefill_chunk(self, runner, args: ServerArgs) -> int:
         """--chunked-prefill-size, shrunk (one warning) to what one chunk's activations need beside the KV
