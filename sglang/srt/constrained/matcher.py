@@ -70,6 +70,17 @@ class RequestGrammar:
                 raise ValueError(f"output token {tok} at position {len(self.accepted)} does not fit the grammar")
             self.accepted.append(int(tok))
 
+    def allows_no_token(self, vocab_size: int) -> bool:
+        """The grammar is open and no token can continue it (its language ran out here: e.g. a tool's
+        parameters schema {"$ref": "#"} after the call's opening text)."""
+        import xgrammar as xg
+
+        if not self.is_active():
+            return False
+        bitmask = xg.allocate_token_bitmask(1, vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask)
+        return not bool(bitmask.any())
+
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
 

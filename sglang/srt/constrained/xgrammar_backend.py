@@ -120,6 +120,18 @@ class XGrammarBackend:
         visit(tag)
         return json.dumps(tag, ensure_ascii=False)
 
+    def admits_no_output(self, compiled) -> bool:
+        """True when the grammar allows no token at its start and is not complete there: no output can
+        match it (e.g. the schema {"$ref": "#"}, whose only rule is itself)."""
+        import xgrammar as xg
+
+        m = self.matcher(compiled)
+        if m.is_terminated():
+            return False
+        bitmask = xg.allocate_token_bitmask(1, self.vocab_size)
+        m.fill_next_token_bitmask(bitmask)
+        return not bool(bitmask.any())
+
     def matcher(self, compiled):
         """A fresh matcher at the grammar's start (rollback kept for as many tokens as asked)."""
         import xgrammar as xg

@@ -64,9 +64,9 @@ class SchedulerOutputProcessorMixin:
         if logprob is not None:
             req.output_token_logprobs.append((logprob[0], tok))
             req.output_top_logprobs.append(logprob[1])
-        if req.grammar is not None and not req.grammar.accept(tok):  # the bitmask allowed it: cannot happen
+        if req.grammar is not None and not req.grammar.accept(tok):  # only when the row allowed no token
             self.running = [r for r in self.running if r is not req]
-            self._fail(req, ValueError(f"sampled token {tok} does not fit the request's {req.grammar.key[0]}"))
+            self._grammar_dead_end(req, tok)
             return
         try:
             reason = self._check_finished(req, tok)
@@ -108,6 +108,18 @@ class SchedulerOutputProcessorMixin:
         if req.prompt_len + len(req.output_ids) >= self.context_length:
             return FinishReason("length")
         return None
+
+    def _grammar_dead_end(self, req: Req, tok: int) -> None:
+        """The sampled token does not fit the grammar. The bitmask allowed only fitting tokens, so the row
+        allowed none: the grammar's language ended here without being complete (every rank sees the same
+        row, so all end it alike). That is the request's grammar, not the server: 400 naming it."""
+        kind = req.grammar.key[0] if req.grammar.key else "grammar"
+        if req.grammar.allows_no_token(self.worker.vocab_size):
+            self.finish(req, FinishReason("abort", status_code=400, message=(
+                f"invalid {kind}: no output can continue it after {len(req.output_ids) - 1} token(s) (a schema that "
+                "only refers to itself, such as {\"$ref\": \"#\"}, matches nothing)")))
+        else:
+            self._fail(req, ValueError(f"sampled token {tok} does not fit the request's {kind}"))
 
     def _fail(self, req: Req, error: BaseException) -> None:
         """Ends one request with a server error; its KV is released and the others go on."""

@@ -130,3 +130,21 @@ def test_the_check_cache_keeps_digests_not_texts(model_path):
     finally:
         v.close()
 
+
+@pytest.mark.parametrize("key, where", [
+    (("json_schema", '{"$ref": "#"}'), "it admits no output"),
+    (("json_schema", '{"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}'), "it admits no output"),
+    (("structural_tag", json.dumps({"type": "structural_tag", "format": {
+        "type": "tag", "begin": "<tool_call>\n", "content": {"type": "json_schema", "json_schema": {"$ref": "#"}},
+        "end": "</tool_call>"}})), "the JSON schema at $.format.content admits no output"),
+])
+def test_a_grammar_that_admits_no_output_is_a_400(model_path, key, where):
+    v = GrammarValidator(ARGS, model_path, 151936)
+    try:
+        with pytest.raises(GenerateError) as e:
+            asyncio.run(v.check(key))
+        assert e.value.status_code == 400 and e.value.message.startswith(f"invalid {key[0]}: {where} at all")
+        recursive = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}}
+        asyncio.run(v.check(("json_schema", json.dumps(recursive))))  # recursion with a way out is fine
+    finally:
+        v.close()

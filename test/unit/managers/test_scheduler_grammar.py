@@ -189,3 +189,20 @@ def test_chunked_prefill_masks_only_the_row_that_samples(path, tok, monkeypatch)
     whole, [b] = _run(path, [req])
     assert chunked.outputs[a] == whole.outputs[b]
     _check_json(tok.decode(chunked.outputs[a], skip_special_tokens=True))
+
+
+def test_a_grammar_whose_language_runs_out_is_a_400_not_a_500(path):
+    """A tool's parameters {"$ref": "#"} (no output can match it) behind a tag's opening text: the row
+    after that text allows no token. The request ends with a 400 naming its grammar, not the 500 of a
+    sampled token that 'does not fit'. (The tokenizer manager refuses this one before sending; the
+    scheduler must not treat what reaches it otherwise as a server fault.)"""
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<call>", "end": "</call>",
+                                                "content": {"type": "json_schema", "json_schema": {"$ref": "#"}}}}
+    s = InProcessScheduler(path)
+    rid = s.submit(_text(10, 1), None, max_new_tokens=30, structural_tag=json.dumps(tag))
+    _compiled(s)
+    s.run_until_idle()
+    fr = s.finished[rid]
+    assert fr.type == "abort" and fr.status_code == 400, fr
+    assert fr.message.startswith("invalid structural_tag: no output can continue it after"), fr.message
+    s.assert_no_leak()
