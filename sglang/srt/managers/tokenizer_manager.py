@@ -254,15 +254,15 @@ class TokenizerManager:
         self._preparing[rid] = time.monotonic()
         try:
             checked = self.builder.check(obj, rid)
-            if self.grammar is not None:  # a grammar that does not compile (in time) is a 400 here
-                await self.grammar.check(checked.sampling.grammar_key())
-            return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
-        except GenerateError:
+            built = await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
+            if self.grammar is not None:  # after build's prompt-length checks: a refused prompt compiles nothing
+                await self.grammar.check(checked.sampling.grammar_key())  # does not compile (in time): 400
+            return built
+        except BaseException as e:
             self._forget_preparing(rid)
-            raise
-        except BaseException:
-            self._forget_preparing(rid)
-            self._raise_if_unhealthy()  # shut down under it (pool cancelled): 503, not a 500
+            release_unsent(self.builder.take_unsent_shm(rid))  # built, then refused or cancelled: never sent
+            if not isinstance(e, GenerateError):
+                self._raise_if_unhealthy()  # shut down under it (pool cancelled): 503, not a 500
             raise
 
     def _forget_preparing(self, rid: str) -> bool:
