@@ -3,8 +3,12 @@
 - `request_fields`: the request fields that carry a constraint (OpenAI `response_format`, SGLang's
   `json_schema` / `regex` / `ebnf`, vLLM's `guided_*`) -> one grammar key `(kind, text)`.
 - `xgrammar_backend`: the tokenizer's vocabulary as xgrammar sees it and the compiler (one per process).
-- `grammar_cache`: compiled grammars by key, bounded LRU, compiled in worker threads.
-- `validation`: the tokenizer manager's check (compile, with a timeout) that makes a bad grammar a 400.
+- `grammar_limits`: what a grammar's text may be before anything compiles it (size, multi-schema allOf).
+- `compile_threads`: where compiles run, each within a time limit from its own start; an overrun gives
+  its place back.
+- `grammar_cache`: compiled grammars (or verdicts) by kind and digest, LRU bounded by count and bytes.
+- `validation`: the tokenizer manager's check (compile, within the limit, non-empty language) that makes a
+  bad grammar a 400.
 - `scheduler_grammar`: the scheduler's queue of requests whose grammar is still compiling.
 - `matcher`: a request's grammar state while it decodes, and the bitmask applied to a batch's logits.
 """
