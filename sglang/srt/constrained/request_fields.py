@@ -36,6 +36,8 @@ def schema_text(value: Any, name: str) -> str:
             parsed = json.loads(value)
         except json.JSONDecodeError as e:
             raise ConstraintError(f"{name} is not valid JSON: {e}") from None
+        except RecursionError:  # a few KiB of brackets nest deeper than the parser's recursion
+            raise ConstraintError(f"{name} nests too deeply") from None
         if not isinstance(parsed, (dict, bool)):
             raise ConstraintError(f"{name} must be a JSON schema object, got {type(parsed).__name__}")
         return value
@@ -90,6 +92,8 @@ def structural_tag_text(value: Any, name: str) -> str:
             value = json.loads(value)
         except json.JSONDecodeError as e:
             raise ConstraintError(f"{name} is not valid JSON: {e}") from None
+        except RecursionError:  # a few KiB of brackets nest deeper than the parser's recursion
+            raise ConstraintError(f"{name} nests too deeply") from None
     if not isinstance(value, dict):
         raise ConstraintError(f"{name} must be a structural tag object, got {type(value).__name__}")
     if "format" in value:

@@ -52,6 +52,9 @@ def test_what_stays_accepted():
         SamplingParams(json_schema=schema).verify()
     deep = "[" * 20000 + "]" * 20000  # nesting deeper than Python's recursion limit: no RecursionError
     check_grammar_text("json_schema", deep)
+    for field in ("json_schema", "structural_tag"):  # a 400 naming it, not a RecursionError (500)
+        with pytest.raises(SamplingParamsError, match=f"{field} nests too deeply"):
+            SamplingParams(**{field: '{"a":' * 10000 + "1" + "}" * 10000}).verify()
 
 
 def test_xgrammar_does_not_enforce_what_is_refused(tiny_model_dir):
