@@ -63,15 +63,18 @@ def text_cases(presets, dtype) -> list[Case]:
             continue
         hq, hk, d = TEXT[p]
         tokens, slots, batch = 8192, 65536, 64
-        q, kv = meta(tokens, hq, d, dtype=dtype), meta(slots, hk, d, dtype=dtype)
-        ind = meta(batch + 1, dtype=torch.int64)
-        idx = meta(tokens, dtype=torch.int64)
-        out.append(Case(f"extend {p} 8192 tok", d, dtype, [
-            plan_prefill(q, kv, kv, q, ind, ind, idx, tokens, d ** -0.5, causal=True, on_cuda=True)]))
-        qd = meta(batch, hq, d, dtype=dtype)
-        mid_o, mid_lse = decode_workspace(batch, hq, d, 8, "meta")
-        out.append(Case(f"decode {p} bs{batch}", d, dtype, list(
-            plan_decode(qd, kv, kv, qd, ind, idx, 8, d ** -0.5, mid_o, mid_lse, on_cuda=True))))
+        # --kv-cache-dtype fp8_e4m3: the same kernels over an e4m3 pool (bf16 models only)
+        kv_dtypes = [(dtype, "")] + ([(torch.float8_e4m3fn, " kv-fp8")] if dtype == torch.bfloat16 else [])
+        for kv_dtype, tag in kv_dtypes:
+            q, kv = meta(tokens, hq, d, dtype=dtype), meta(slots, hk, d, dtype=kv_dtype)
+            ind = meta(batch + 1, dtype=torch.int64)
+            idx = meta(tokens, dtype=torch.int64)
+            out.append(Case(f"extend {p} 8192 tok{tag}", d, dtype, [
+                plan_prefill(q, kv, kv, q, ind, ind, idx, tokens, d ** -0.5, causal=True, on_cuda=True)]))
+            qd = meta(batch, hq, d, dtype=dtype)
+            mid_o, mid_lse = decode_workspace(batch, hq, d, 8, "meta")
+            out.append(Case(f"decode {p} bs{batch}{tag}", d, dtype, list(
+                plan_decode(qd, kv, kv, qd, ind, idx, 8, d ** -0.5, mid_o, mid_lse, on_cuda=True))))
     return out
 
 

@@ -88,3 +88,15 @@ def test_cuda_bf16_decode(d, group, splits):
     assert got.dtype == torch.bfloat16
     want = decode_attention_torch(q, kb, vb, kv, ind, max_kv, scale)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@kernels
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_decode_reads_an_fp8_kv_cache_as_q_dtype(kv_dtype):
+    """An FP8 KV cache (--kv-cache-dtype): the kernel converts each K/V tile to q's dtype as it loads it,
+    so it equals the reference over the same values already converted."""
+    q, kb, vb, kv, ind, max_kv, scale = decode_case([9, 40, 70], 2, 4, 32, 16, seed=11, device=DEVICE)
+    k8, v8 = kb.to(kv_dtype), vb.to(kv_dtype)
+    got = decode_attention_fwd(q, k8, v8, kv, ind, max_kv, scale, num_kv_splits=3)
+    torch.testing.assert_close(got, decode_attention_torch(q, k8.to(q.dtype), v8.to(q.dtype), kv, ind, max_kv, scale),
+                               **TOL)

@@ -186,3 +186,14 @@ def test_cuda_large_extend_allocates_no_score_matrix():
     s = s.masked_fill(pos[None, None, :] > pos[rows][None, :, None], float("-inf"))
     want = torch.einsum("hqn,nhd->qhd", torch.softmax(s, -1), v)
     torch.testing.assert_close(out[rows].float(), want, **BF16_TOL)
+
+
+@kernels
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_extend_reads_an_fp8_kv_cache_as_q_dtype(kv_dtype):
+    args = extend_case([0, 37, 5], [20, 9, 1], 2, 2, 32, 4, seed=13, device=DEVICE)
+    q, kb, vb = args[:3]
+    k8, v8 = kb.to(kv_dtype), vb.to(kv_dtype)
+    got = extend_attention_fwd(q, k8, v8, *args[3:])
+    ref = extend_attention_torch(q, k8.to(q.dtype), v8.to(q.dtype), *args[3:])
+    torch.testing.assert_close(got, ref, **TOL)

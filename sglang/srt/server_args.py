@@ -292,7 +292,10 @@ class ServerArgs:
         "first GPU this server uses (replica k, rank r: GPU base + k * tp-per-node + r); no effect on CPU"))
     quantization: str | None = field(default=None, metadata=_arg(
         "fp8: quantize a float checkpoint's text linears to block FP8 while loading (a -FP8 checkpoint needs no flag)"))
-    kv_cache_dtype: str = field(default="auto", metadata=_arg("KV cache dtype: auto (the model dtype) only"))
+    kv_cache_dtype: str = field(default="auto", metadata=_arg(
+        "KV cache dtype: auto (the model dtype), fp8_e4m3 or fp8_e5m2 (half the bytes per token of bf16)"))
+    quantization_param_path: str | None = field(default=None, metadata=_arg(
+        "JSON file of per-layer FP8 KV cache scales (vLLM's kv_cache.scaling_factor layout)"))
     revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
     grammar_backend: str = field(default="xgrammar", metadata=_arg(
         "constrained output (json_schema, regex, ebnf, response_format): xgrammar, or none to refuse constraints "
@@ -341,8 +344,8 @@ class ServerArgs:
         problems += self._data_parallel_problems()
         if self.quantization not in (None, "", "none", "fp8"):
             problems.append(f"--quantization {self.quantization}: only fp8 (block FP8) is supported")
-        if self.kv_cache_dtype not in ("auto", self.dtype):
-            problems.append(f"--kv-cache-dtype {self.kv_cache_dtype}: only auto (the model dtype) is supported")
+        if self.kv_cache_dtype not in ("auto", self.dtype, "fp8_e4m3", "fp8_e5m2"):
+            problems.append(f"--kv-cache-dtype {self.kv_cache_dtype}: choose auto, fp8_e4m3 or fp8_e5m2")
         if self.mm_attention_backend == "triton_attn":  # upstream's name of the same backend
             object.__setattr__(self, "mm_attention_backend", "triton")
         if self.mm_attention_backend not in (None, "sdpa", "triton"):

@@ -71,3 +71,16 @@ def test_checkpoints_it_cannot_serve_are_refused_at_start_up(fp8_model, tmp_path
     server = ServerProcess(awq, tmp_path / "run", [])
     code = server.proc.wait(120)
     assert code != 0 and "AWQ int4 (quant_method 'awq'), which this engine does not load" in server.log_tail()
+
+
+def test_an_fp8_kv_cache_serves_and_says_what_it_holds(model_dir, hf_ref, tmp_path):
+    scales = tmp_path / "kv_scales.json"
+    scales.write_text(json.dumps({"kv_cache": {"scaling_factor": {"0": {"0": 0.5, "1": 0.5}}}}))
+    server = _serve(model_dir, tmp_path, "--kv-cache-dtype", "fp8_e4m3", "--quantization-param-path", str(scales),
+                    "--log-level", "info")
+    try:
+        assert len(_greedy(server.url, "one_image", hf_ref)) == MAX_NEW
+        log = server.log_path.read_text()
+        assert "KV cache in float8_e4m3fn" in log and "scales for 2 layers" in log, log[-2000:]
+    finally:
+        server.close(signal.SIGTERM)

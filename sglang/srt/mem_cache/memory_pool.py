@@ -57,16 +57,33 @@ class ReqToTokenPool:
 
 
 class MHATokenToKVPool:
-    """K and V buffers of shape (size + 1, kv_heads, head_dim) per layer; slot 0 is a padding sink."""
+    """K and V buffers of shape (size + 1, kv_heads, head_dim) per layer; slot 0 is a padding sink.
 
-    def __init__(self, size: int, head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype, device="cpu"):
+    `dtype` an FP8 type (--kv-cache-dtype fp8_*): entries are stored divided by the layer's scale and
+    saturated; readers multiply back through `kv_scales` (mem_cache/kv_cache_dtype.py)."""
+
+    def __init__(self, size: int, head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype, device="cpu",
+                 kv_scales: dict[int, list[float]] | None = None):
         self.size = size
         self.head_num = head_num
         self.head_dim = head_dim
         self.dtype = dtype
+        self.fp8_max = torch.finfo(dtype).max if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else None
+        self.scales = [tuple((kv_scales or {}).get(i, (1.0, 1.0))) for i in range(layer_num)]
         shape = (size + 1, head_num, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
+
+    def kv_scales(self, layer_id: int) -> tuple[float, float]:
+        """(k_scale, v_scale): a stored entry times its scale is the value written."""
+        return self.scales[layer_id]
+
+    def _store(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        if self.fp8_max is None:
+            return x.to(self.dtype)
+        if scale != 1.0:
+            x = x.float() / scale
+        return x.clamp(-self.fp8_max, self.fp8_max).to(self.dtype)  # a plain cast turns overflow into NaN
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]
@@ -75,8 +92,9 @@ class MHATokenToKVPool:
         return self.v_buffer[layer_id]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffer[layer_id][loc] = k.to(self.dtype)
-        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+        ks, vs = self.scales[layer_id]
+        self.k_buffer[layer_id][loc] = self._store(k, ks)
+        self.v_buffer[layer_id][loc] = self._store(v, vs)
 
     def bytes_per_token(self) -> int:
         elem = torch.tensor([], dtype=self.dtype).element_size()

@@ -13,11 +13,14 @@ from sglang.srt.layers.attention.base_attn_backend import create_attention_backe
 from sglang.srt.layers.attention.vision_attention import configure_vision_attention
 from sglang.srt.layers.linear import kv_heads_per_rank
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.layers.quantization.kv_cache import checkpoint_kv_scales, is_scale_tensor, param_file_kv_scales
+from sglang.srt.mem_cache.kv_cache_dtype import resolve_kv_cache_dtype
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.memory_budget import kv_budget_tokens
 from sglang.srt.server_args import derive_max_running_requests
 from sglang.srt.multimodal.embedder import MultimodalEmbedConfig, MultimodalEmbedder
 from sglang.srt.model_loader.loader import get_model
+from sglang.srt.model_loader.weight_utils import iterate_weights
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,8 @@ class ModelRunnerConfig:
     page_size: int = 1
     enable_vit_ulysses_sp: bool = False  # --enable-vit-ulysses-sp: replicated vision tower, tokens split over TP
     quantization: str | None = None  # --quantization (a checkpoint's own quantization_config applies regardless)
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: auto (the model dtype), fp8_e4m3, fp8_e5m2
+    quantization_param_path: str | None = None  # --quantization-param-path: FP8 KV cache scales (JSON)
 
 
 class ModelRunner:
@@ -58,15 +63,24 @@ class ModelRunner:
         text = self.model_config.text
         self.context_length = cfg.context_length or text.max_position_embeddings
         num_kv_heads = kv_heads_per_rank(text.num_key_value_heads, tp.size)
-        bytes_per_token = 2 * text.num_hidden_layers * num_kv_heads * text.head_dim * self.dtype.itemsize
+        self.kv_dtype = resolve_kv_cache_dtype(cfg.kv_cache_dtype, self.dtype)
+        bytes_per_token = 2 * text.num_hidden_layers * num_kv_heads * text.head_dim * self.kv_dtype.itemsize
         self.max_total_num_tokens = self._kv_budget(bytes_per_token)
+        kv_scales = self._kv_scales(tp, text.num_hidden_layers) if self.kv_dtype != self.dtype else None
+        if self.kv_dtype != self.dtype:
+            logger.info("KV cache in %s (%d bytes per token on this rank, %.1fx the tokens of %s): %d tokens%s",
+                        str(self.kv_dtype).removeprefix("torch."), bytes_per_token,
+                        self.dtype.itemsize / self.kv_dtype.itemsize, str(self.dtype).removeprefix("torch."),
+                        self.max_total_num_tokens, f", scales for {len(kv_scales)} layers" if kv_scales else
+                        ", scales 1.0")
         self.max_total_num_tokens -= self.max_total_num_tokens % cfg.page_size
         rows = cfg.max_running_requests
         if rows is None:  # a rank's own budget is >= the one the ranks agree on: enough rows for it
             rows = derive_max_running_requests(self.max_total_num_tokens, self.context_length) + 1
         self.req_to_token_pool = ReqToTokenPool(rows, self.context_length, self.device)
         self.token_to_kv_pool = MHATokenToKVPool(
-            self.max_total_num_tokens + cfg.page_size - 1, num_kv_heads, text.head_dim, text.num_hidden_layers, self.dtype, self.device
+            self.max_total_num_tokens + cfg.page_size - 1, num_kv_heads, text.head_dim, text.num_hidden_layers,
+            self.kv_dtype, self.device, kv_scales,
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, "cpu", cfg.page_size)  # host bookkeeping: slots reach the device with the step metadata
         self.attn_backend = create_attention_backend(cfg.attention_backend,
@@ -98,6 +112,12 @@ class ModelRunner:
         if num_tokens < self.max_total_num_tokens:
             self.max_total_num_tokens = num_tokens
             self.allocator = TokenToKVPoolAllocator(num_tokens, "cpu", self.cfg.page_size)
+
+    def _kv_scales(self, tp: TPInfo, num_layers: int) -> dict[int, list[float]]:
+        if self.cfg.quantization_param_path:
+            return param_file_kv_scales(self.cfg.quantization_param_path, tp.rank, num_layers)
+        return checkpoint_kv_scales((n, t) for n, t in iterate_weights(self.cfg.model_path, lazy=True)
+                                    if is_scale_tensor(n))
 
     def _kv_budget(self, bytes_per_token: int) -> int:
         if self.cfg.max_total_tokens is not None:

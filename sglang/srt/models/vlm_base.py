@@ -9,6 +9,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+from sglang.srt.layers.quantization.kv_cache import is_scale_tensor
 from sglang.srt.multimodal.deferred_decode import materialize_pixels
 from sglang.srt.multimodal.mm_types import EncodedImage
 
@@ -48,7 +49,8 @@ class QwenVLForConditionalGenerationBase(nn.Module):
         return name
 
     def skip_checkpoint_name(self, name: str) -> bool:
-        return self.config.tie_word_embeddings and name.startswith("lm_head.")
+        """Tied lm_head, and KV cache scales (read by the model runner for an FP8 KV cache)."""
+        return (self.config.tie_word_embeddings and name.startswith("lm_head.")) or is_scale_tensor(name)
 
     def embed_inputs(self, input_ids: torch.Tensor, forward_batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(input embeddings, deepstack embeddings or None): the runner's multimodal embedder merges

@@ -54,10 +54,10 @@ def hf_logits(hf_model, input_ids: list[int], items) -> torch.Tensor:
 
 
 def make_runner(model_path: str, dtype: str = "float32", device: str = TEST_DEVICE,
-                quantization: str | None = None) -> tuple[ModelRunner, StaticBatchRunner]:
+                quantization: str | None = None, kv_cache_dtype: str = "auto") -> tuple[ModelRunner, StaticBatchRunner]:
     runner = ModelRunner(
         ModelRunnerConfig(model_path=model_path, dtype=dtype, device=device, max_total_tokens=4096, max_running_requests=8,
-                          context_length=2048, quantization=quantization)
+                          context_length=2048, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     )
     return runner, StaticBatchRunner(runner)
 

@@ -71,3 +71,20 @@ def test_fp8_logits_track_the_float_model(preset, mode, tmp_path, monkeypatch):
         monkeypatch.setattr(Fp8LinearMethod, "apply", _float_activations)
         exact = our_logits(sb, [(ids, mm)])[0]
         assert rel_err(exact, ref) < 1e-4
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_kv_cache_tracks_the_float_cache(kv_cache_dtype, tiny_model_dir):
+    """Prompt logits through a chunked prefill (later chunks read earlier chunks' K/V back from the FP8
+    pool) against transformers on the same float weights."""
+    path = str(tiny_model_dir("qwen3-vl-tiny"))
+    _, sb = make_runner(path, kv_cache_dtype=kv_cache_dtype)
+    assert sb.runner.token_to_kv_pool.k_buffer[0].dtype == (
+        torch.float8_e4m3fn if kv_cache_dtype == "fp8_e4m3" else torch.float8_e5m2)
+    proc = small_processor(path, **PROC["qwen3-vl-tiny"])
+    ids, mm = _prompt(proc)
+    ours = torch.cat(our_logits(sb, [(ids, mm)], chunk_size=8))
+    hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval().to(TEST_DEVICE)
+    r, mad = _figures(ours, hf_logits(hf, ids, mm.mm_items), ids)
+    print(f"qwen3-vl-tiny kv {kv_cache_dtype}: Pearson r {r:.5f}, mean |dlogprob| {mad:.4f}")
+    assert r >= MIN_PEARSON_TINY, (r, mad)

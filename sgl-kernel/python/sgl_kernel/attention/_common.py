@@ -10,6 +10,9 @@ from typing import Any
 import torch
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+# an FP8 KV cache (--kv-cache-dtype): the kernels convert K/V tiles to q's dtype as they load them; the
+# caller folds the per-layer scales into q (k_scale) and the output (v_scale)
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def check_heads(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -32,8 +35,9 @@ def check_heads(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
             raise ValueError(f"{name}: {what} must be a float tensor, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name}: {what} is on {t.device}, q on {q.device}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"{name}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.dtype != v.dtype or (k.dtype != q.dtype and k.dtype not in FP8_KV_DTYPES):
+        raise ValueError(f"{name}: q, k and v must share one dtype (or k and v be one FP8 dtype: an FP8 KV cache, "
+                         f"read as q's dtype), got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
 def check_index(name: str, what: str, t: torch.Tensor, device: torch.device) -> None:

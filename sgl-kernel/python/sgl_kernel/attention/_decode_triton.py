@@ -71,7 +71,7 @@ def _decode_split_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -79,7 +79,7 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
 
     has_keys = l_i > 0.0

@@ -99,7 +99,7 @@ def _prefill_fwd_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
         visible = n_mask[None, :]
         if CAUSAL:
             visible = visible & (offs_n[None, :] <= (prefix + offs_m)[:, None])
@@ -111,7 +111,7 @@ def _prefill_fwd_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
         m_i = m_new
 
     # Every real query sees at least key 0, so l > 0 there; padding rows are never stored.

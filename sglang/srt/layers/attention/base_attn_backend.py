@@ -12,9 +12,17 @@ class AttentionBackend(ABC):
         """Precompute per-batch indices once, before the layers run."""
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        # An FP8 KV cache holds K / k_scale and V / v_scale: scaling q and the output instead of every
+        # key and value read keeps the backends' reads plain (scales are 1.0 for any other cache)
+        scales = getattr(forward_batch.token_to_kv_pool, "kv_scales", None)
+        ks, vs = scales(layer.layer_id) if scales is not None else (1.0, 1.0)
+        if ks != 1.0:
+            q = q * ks
         if forward_batch.forward_mode.is_decode():
-            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
-        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+            out = self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        else:
+            out = self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        return out if vs == 1.0 else out * vs
 
     @abstractmethod
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor: ...
