@@ -294,6 +294,8 @@ class ServerArgs:
         "fp8: quantize a float checkpoint's text linears to block FP8 while loading (a -FP8 checkpoint needs no flag)"))
     kv_cache_dtype: str = field(default="auto", metadata=_arg(
         "KV cache dtype: auto (the model dtype), fp8_e4m3 or fp8_e5m2 (half the bytes per token of bf16)"))
+    fp8_gemm_backend: str = field(default="auto", metadata=_arg(
+        "block-FP8 GEMM: auto or triton (our Triton kernel on CUDA, its torch reference elsewhere); others refused"))
     quantization_param_path: str | None = field(default=None, metadata=_arg(
         "JSON file of per-layer FP8 KV cache scales (vLLM's kv_cache.scaling_factor layout)"))
     revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
@@ -344,6 +346,9 @@ class ServerArgs:
         problems += self._data_parallel_problems()
         if self.quantization not in (None, "", "none", "fp8"):
             problems.append(f"--quantization {self.quantization}: only fp8 (block FP8) is supported")
+        if self.fp8_gemm_backend not in ("auto", "triton"):
+            problems.append(f"--fp8-gemm-backend {self.fp8_gemm_backend}: only triton (auto) is built; "
+                            "cutlass, deep_gemm and flashinfer need kernels this engine does not ship")
         if self.kv_cache_dtype not in ("auto", self.dtype, "fp8_e4m3", "fp8_e5m2"):
             problems.append(f"--kv-cache-dtype {self.kv_cache_dtype}: choose auto, fp8_e4m3 or fp8_e5m2")
         if self.mm_attention_backend == "triton_attn":  # upstream's name of the same backend

@@ -60,6 +60,7 @@ UPSTREAM = {
     "--kv-cache-dtype": _flag("auto", choices=("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16")),
     "--quantization": _flag(),
     "--quantization-param-path": _flag(),
+    "--fp8-gemm-backend": _flag("auto"),
     "--device": _flag(),  # unset: detected
     "--attention-backend": _flag(choices=("triton", "torch_native", "flex_attention", "fa3", "fa4", "flashinfer")),
     "--mm-attention-backend": _flag(choices=("sdpa", "fa3", "fa4", "triton_attn", "ascend_attn", "aiter_attn",

@@ -124,6 +124,7 @@ def test_video_limit_forms():
     (["--load-balance-method", "follow_bootstrap_room"], "--load-balance-method follow_bootstrap_room: it follows"),
     (["--quantization", "awq"], "--quantization awq: only fp8 (block FP8) is supported"),
     (["--kv-cache-dtype", "int8"], "--kv-cache-dtype int8: choose auto, fp8_e4m3 or fp8_e5m2"),
+    (["--fp8-gemm-backend", "cutlass"], "--fp8-gemm-backend cutlass: only triton (auto) is built"),
     (["--mm-attention-backend", "fa3"], "--mm-attention-backend fa3: choose sdpa or triton_attn"),
     (["--cuda-graph-bs", "1", "x"], "--cuda-graph-bs-decode takes integers"),
     (["--log-level", "verbose"], "--log-level verbose: choose one of debug, info, warning, error, critical"),
