@@ -197,3 +197,17 @@ def test_extend_reads_an_fp8_kv_cache_as_q_dtype(kv_dtype):
     got = extend_attention_fwd(q, k8, v8, *args[3:])
     ref = extend_attention_torch(q, k8.to(q.dtype), v8.to(q.dtype), *args[3:])
     torch.testing.assert_close(got, ref, **TOL)
+
+
+@kernels
+@pytest.mark.parametrize("d", [72, 80, 96])
+def test_varlen_head_dims_that_are_no_power_of_two_run_in_two_pieces(d):
+    """The vision towers' 72 (Qwen3-VL-8B/32B, MoE) and 80 (Qwen2.5-VL) run as 64 + 16 columns (96: 64 + 32)
+    instead of padding to 128; the result is the reference's."""
+    from sgl_kernel.attention._prefill_triton import head_dim_blocks
+
+    main, tail = head_dim_blocks(d)
+    assert main == 64 and tail == (32 if d == 96 else 16)
+    args = varlen_case([5, 33, 17], 2, 1, d, seed=d, device=DEVICE)
+    torch.testing.assert_close(varlen_attention_fwd(*args), varlen_attention_torch(*args), **TOL)
+    torch.testing.assert_close(varlen_attention_fwd(*args), dense_varlen(*args), **TOL)
