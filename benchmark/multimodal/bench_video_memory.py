@@ -18,48 +18,18 @@ imported) minus its resident memory at that point; and the outcome (the grid, or
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
 import sys
-from fractions import Fraction
 
 # this checkout's sglang, whatever is installed (the children run this file directly)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from sglang.testing.sample_video import solid_clip, solid_png  # noqa: E402
+
 CASES = ("png_list", "two_mp4", "hd_170s_qwen3", "hd_170s_qwen2", "hd_174s_qwen3", "hd_174s_qwen2", "hd_3600s_qwen3",
          "hd_3600s_qwen2")
-
-
-def _solid_png(size: int, color) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (size, size), color).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def _solid_h264(width: int, height: int, fps: float, frames: int) -> bytes:
-    import av
-    import numpy as np
-
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as out:
-        s = out.add_stream("libx264", rate=Fraction(fps).limit_denominator(100))
-        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
-        s.options = {"preset": "ultrafast", "crf": "30"}
-        img = np.zeros((height, width, 3), np.uint8)
-        img[:, : width // 2] = (40, 120, 200)
-        frame = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")
-        del img
-        for i in range(frames):
-            frame.pts = i
-            for p in s.encode(frame):
-                out.mux(p)
-        for p in s.encode():
-            out.mux(p)
-    return buf.getvalue()
 
 
 def make_inputs(workdir: str, cases) -> None:
@@ -74,16 +44,16 @@ def make_inputs(workdir: str, cases) -> None:
 
     if "png_list" in cases:
         for i in range(12):
-            need(f"solid_{i}.png", lambda i=i: _solid_png(8000, (i * 20, 255 - i * 20, 128)))
+            need(f"solid_{i}.png", lambda i=i: solid_png(8000, (i * 20, 255 - i * 20, 128)))
     if "two_mp4" in cases:
-        need("big_a.mp4", lambda: _solid_h264(8000, 8000, 5, 10))
-        need("big_b.mp4", lambda: _solid_h264(8000, 8000, 5, 10))
+        need("big_a.mp4", lambda: solid_clip(8000, 8000, 5, 10))
+        need("big_b.mp4", lambda: solid_clip(8000, 8000, 5, 10))
     if any(c.startswith("hd_170s") for c in cases):
-        need("hd_170s.mp4", lambda: _solid_h264(1920, 1080, 2, 340))
+        need("hd_170s.mp4", lambda: solid_clip(1920, 1080, 2, 340))
     if any(c.startswith("hd_174s") for c in cases):
-        need("hd_174s.mp4", lambda: _solid_h264(1920, 1080, 2, 348))
+        need("hd_174s.mp4", lambda: solid_clip(1920, 1080, 2, 348))
     if any(c.startswith("hd_3600s") for c in cases):
-        need("hd_3600s.mp4", lambda: _solid_h264(1920, 1080, 0.5, 1800))
+        need("hd_3600s.mp4", lambda: solid_clip(1920, 1080, 0.5, 1800))
 
 
 def _status(key: str) -> int:

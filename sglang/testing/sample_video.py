@@ -1,5 +1,6 @@
 """Deterministic test clips encoded with PyAV: a white bar sweeping left to right over fixed noise, so every
-frame differs from its neighbours and a wrong frame index shows in the pixels."""
+frame differs from its neighbours and a wrong frame index shows in the pixels; and solid clips and PNGs
+that cost far more decoded than encoded (the memory tests and benchmark)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,35 @@ def clip_data_url(data: bytes, container: str = "mp4") -> str:
     import base64
 
     return f"data:video/{container};base64," + base64.b64encode(data).decode()
+
+
+def solid_png(size: int, color) -> bytes:
+    """A size x size PNG of one color: a few KB that decode to size^2 x 3 bytes."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (size, size), color).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def solid_clip(width: int, height: int, fps: float, frames: int) -> bytes:
+    """An H.264 mp4 of `frames` identical two-color frames: tiny encoded, full-size frames decoded."""
+    import av
+    from fractions import Fraction
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        s = out.add_stream("libx264", rate=Fraction(fps).limit_denominator(100))
+        s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+        s.options = {"preset": "ultrafast", "crf": "30"}
+        img = np.zeros((height, width, 3), np.uint8)
+        img[:, : width // 2] = (40, 120, 200)
+        frame = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")
+        del img  # the encoder needs only the one converted frame
+        for i in range(frames):
+            frame.pts = i
+            for p in s.encode(frame):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    return buf.getvalue()

@@ -8,8 +8,6 @@ asserted: the bound is asserted where the test controls it (test_video_io.py).""
 from __future__ import annotations
 
 import base64
-import io
-from fractions import Fraction
 
 import pytest
 import requests
@@ -17,40 +15,13 @@ import requests
 from conftest import shm_sglang_entries, wait_until
 from hostile import HOSTILE_TIMEOUT_S, beside_ordinary
 
+from sglang.testing.sample_video import solid_clip, solid_png
+
 av = pytest.importorskip("av")
 
 # small enough that 6000 frames of 32x32 (at least 32x32 each at the model's size) pass it
 MAX_BYTES = 64 << 20
 VIDEO_PROMPT = "<|vision_start|><|video_pad|><|vision_end|>"
-
-
-def _solid_png(size: int, color) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (size, size), color).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def _solid_mp4(size: int, frames: int, fps: int) -> bytes:
-    import numpy as np
-
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as out:
-        s = out.add_stream("libx264", rate=Fraction(fps))
-        s.width = s.height = size
-        s.pix_fmt, s.options = "yuv420p", {"preset": "ultrafast", "crf": "30"}
-        img = np.zeros((size, size, 3), np.uint8)
-        img[:, : size // 2] = (40, 120, 200)
-        frame = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuv420p")
-        del img
-        for i in range(frames):
-            frame.pts = i
-            for p in s.encode(frame):
-                out.mux(p)
-        for p in s.encode():
-            out.mux(p)
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +40,13 @@ def _b64(data: bytes) -> str:
 
 
 def _frame_list_body():
-    frames = [_b64(_solid_png(8000, (i * 20, 255 - i * 20, 128))) for i in range(12)]
+    frames = [_b64(solid_png(8000, (i * 20, 255 - i * 20, 128))) for i in range(12)]
     return "/generate", {"text": VIDEO_PROMPT + "Describe.", "video_data": [frames],
                          "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
 
 
 def _two_mp4_body():
-    url = "data:video/mp4;base64," + _b64(_solid_mp4(8000, 4, 2))
+    url = "data:video/mp4;base64," + _b64(solid_clip(8000, 8000, 2, 4))
     content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "and"},
                {"type": "video_url", "video_url": {"url": url}}]
     return "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": content}],
@@ -83,7 +54,7 @@ def _two_mp4_body():
 
 
 def _over_budget_body():
-    tiny = _b64(_solid_png(32, (9, 9, 9)))
+    tiny = _b64(solid_png(32, (9, 9, 9)))
     return "/generate", {"text": VIDEO_PROMPT, "video_data": [[tiny] * 6000],
                          "sampling_params": {"max_new_tokens": 2}}
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import torch.multiprocessing as mp
 
-from sglang.srt.utils.network import pick_unused_port
+from sglang.testing.ranks import run_ranks
 
 
 class _Backend:
@@ -59,16 +58,7 @@ def _rank_main(rank: int, port: int, q) -> None:
 
 
 def test_a_grammar_that_fails_on_one_rank_fails_on_every_rank():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = pick_unused_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    res = {rank: (ready, failed) for rank, ready, failed in (q.get(timeout=180) for _ in procs)}
-    for p in procs:
-        p.join(60)
-    assert all(p.exitcode == 0 for p in procs)
+    res = run_ranks(_rank_main, timeout=180)
     for rank in (0, 1):
         ready, failed = res[rank]
         assert ready == ["b"], (rank, ready, failed)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 
-import torch.multiprocessing as mp
 
-from sglang.srt.utils.network import pick_unused_port
+from sglang.testing.ranks import run_ranks
 
 DELAY_S = 1.0
 
@@ -31,16 +30,7 @@ def _rank_main(rank: int, port: int, q) -> None:
 
 
 def test_receiver_times_the_transfer_not_the_wait():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = pick_unused_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    res = {r: (ms, el, last) for r, ms, el, last in (q.get(timeout=120) for _ in procs)}
-    for p in procs:
-        p.join(60)
-    assert all(p.exitcode == 0 for p in procs)
+    res = run_ranks(_rank_main)
     ms1, elapsed1, last1 = res[1]
     assert last1 == 999  # the object arrived
     assert elapsed1 >= DELAY_S * 0.9  # rank 1 really waited inside the call ...

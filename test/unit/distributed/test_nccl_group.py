@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from sglang.srt.utils.network import pick_unused_port
+from sglang.testing.ranks import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,16 +31,7 @@ def _rank_main(rank: int, port: int, q) -> None:
 
 
 def test_nccl_group_of_two_reduces_and_broadcasts():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = pick_unused_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict((r, (vals, obj)) for r, vals, obj in (q.get(timeout=120) for _ in procs))
-    for p in procs:
-        p.join(60)
-    assert all(p.exitcode == 0 for p in procs)
+    results = run_ranks(_rank_main)
     for rank in (0, 1):
         vals, obj = results[rank]
         assert vals == [3.0] * 4
