@@ -115,7 +115,7 @@ def test_history_with_tool_results(oai):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(tool_choice={"type": "function", "function": {"name": "nope"}}), "'nope', which is not among the tools"),
+    (dict(tool_choice={"type": "function", "function": {"name": "nope"}}), "Tool 'nope' not found in tools list"),
     (dict(tool_choice="required", response_format={"type": "json_object"}), "cannot be combined"),
     (dict(tool_choice="sometimes"), "tool_choice must be"),
 ])

@@ -33,7 +33,37 @@ def function_of(tool: Any, where: str) -> dict[str, Any]:
     params = fn.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise ToolChoiceError(f"{where}.function.parameters must be a JSON schema object")
+    bad = _unknown_type(params) if params is not None else None
+    if bad is not None:  # upstream's wording; the grammar compiler would name its own internals
+        raise ToolChoiceError(f"invalid 'parameters' schema of function {fn['name']!r}: unknown type {bad[1]!r:.100} "
+                              f"at {bad[0]}")
     return fn
+
+
+_JSON_TYPES = frozenset(("string", "number", "integer", "boolean", "object", "array", "null"))
+
+
+def _unknown_type(schema: Any, where: str = "$", depth: int = 0) -> tuple[str, Any] | None:
+    """(where, value) of the first `type` that is no JSON Schema type, in a schema or any schema it nests
+    (properties, items, ...); a property *named* "type" is data, not a keyword. Depth-bounded."""
+    if depth > 64 or not isinstance(schema, dict):
+        return None
+    t = schema.get("type")
+    if t is not None and not (t in _JSON_TYPES if isinstance(t, str) else
+                              isinstance(t, list) and all(isinstance(x, str) and x in _JSON_TYPES for x in t)):
+        return where, t
+    for key, sub in schema.items():
+        if key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(sub, dict):
+            found = next((f for name, s in sub.items() if (f := _unknown_type(s, f"{where}.{key}.{name}", depth + 1))), None)
+        elif key in ("items", "additionalProperties", "not", "contains", "if", "then", "else") and isinstance(sub, dict):
+            found = _unknown_type(sub, f"{where}.{key}", depth + 1)
+        elif key in ("anyOf", "oneOf", "allOf", "prefixItems") and isinstance(sub, list):
+            found = next((f for i, s in enumerate(sub) if (f := _unknown_type(s, f"{where}.{key}[{i}]", depth + 1))), None)
+        else:
+            continue
+        if found:
+            return found
+    return None
 
 
 def chosen_functions(tools: list[Any], tool_choice: Any) -> list[dict[str, Any]] | None:
@@ -50,7 +80,7 @@ def chosen_functions(tools: list[Any], tool_choice: Any) -> list[dict[str, Any]]
         name = (tool_choice.get("function") or {}).get("name")
         match = [fn for fn in fns if fn["name"] == name]
         if not match:
-            raise ToolChoiceError(f"tool_choice names function {name!r}, which is not among the tools")
+            raise ToolChoiceError(f"Tool {name!r} not found in tools list")  # upstream's wording
         return match[:1]
     raise ToolChoiceError(f"tool_choice must be 'none', 'auto', 'required' or "
                           f'{{"type": "function", "function": {{"name": ...}}}}, got {tool_choice!r:.200}')

@@ -129,8 +129,9 @@ def _openai_outcome(serving, base: dict[str, Any], extra: dict[str, Any]) -> lis
 
 
 def _chat_serving() -> OpenAIServingChat:
-    """A chat server whose template has Qwen's tool-call format, so tool fields can be honoured."""
-    tm = SimpleNamespace(server_args=SimpleNamespace(tool_call_parser=None, reasoning_parser=None),
+    """A chat server whose template has Qwen's tool-call format and a reasoning parser, so tool and
+    reasoning fields can be honoured (without a parser separate_reasoning has nothing to do)."""
+    tm = SimpleNamespace(server_args=SimpleNamespace(tool_call_parser=None, reasoning_parser="qwen3"),
                          builder=SimpleNamespace(tokenizer=SimpleNamespace(chat_template="{% if tools %}<tool_call>{% endif %}")))
     return OpenAIServingChat(tm, "default")
 

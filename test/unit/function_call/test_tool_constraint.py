@@ -88,7 +88,7 @@ def test_walks_end_in_valid_calls(backend, tok, choice, one_call, names, seeds):
 def test_choices_that_constrain_nothing_or_are_refused():
     assert chosen_functions(TOOLS, "auto") is None and chosen_functions(TOOLS, "none") is None
     assert chosen_functions(TOOLS, None) is None
-    with pytest.raises(ToolChoiceError, match="'nope', which is not among the tools"):
+    with pytest.raises(ToolChoiceError, match="Tool 'nope' not found in tools list"):
         chosen_functions(TOOLS, {"type": "function", "function": {"name": "nope"}})
     with pytest.raises(ToolChoiceError, match="needs tools"):
         chosen_functions([], "required")

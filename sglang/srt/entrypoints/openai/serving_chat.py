@@ -66,9 +66,6 @@ class OpenAIServingChat(OpenAIServingBase):
         image_kwargs, image_kwargs_name = req.image_kwargs()
         sampling = sampling_from_request(req, req.output_limit(), name)
         tools = self._tools_and_constraint(req, sampling)
-        if (not req.separate_reasoning or not req.stream_reasoning) and not self._server_arg("reasoning_parser"):
-            field = "separate_reasoning" if not req.separate_reasoning else "stream_reasoning"
-            raise GenerateError(f"{field} needs a reasoning parser: start the server with --reasoning-parser")
         return GenerateReqInput(
             messages=[m.model_dump(exclude_none=True) for m in req.messages],
             sampling_params=sampling,

@@ -69,15 +69,29 @@ def test_refusals_name_the_field():
     assert "tools are not supported with this model's chat template" in refusal(serving(template="{{ x }}"), tools=TOOLS)
     assert convert(serving("qwen25", template="{{ x }}"), tools=TOOLS).tools == TOOLS  # the flag names the format
     assert "tool_choice 'required' needs tools" in refusal(serving(), tool_choice="required")
-    assert "which is not among the tools" in refusal(
+    assert "Tool 'nope' not found in tools list" in refusal(  # upstream's wording, which its tests check
         serving(), tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+    bad_params = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "unknown_type"}}}}}]
+    assert "invalid 'parameters' schema of function 'f': unknown type 'unknown_type' at $.properties.x" in refusal(
+        serving(), tools=bad_params, tool_choice="required")
     assert "cannot be combined with another output constraint (regex)" in refusal(
         serving(), tools=TOOLS, tool_choice="required", regex="a+")
     assert refusal(serving(), parallel_tool_calls=False) == "parallel_tool_calls false needs tools"
-    assert "separate_reasoning needs a reasoning parser" in refusal(serving(), separate_reasoning=False)
-    assert "stream_reasoning needs a reasoning parser" in refusal(serving(), stream_reasoning=False)
     assert "continue_final_message needs the last message" in refusal(serving(), continue_final_message=True)
     assert "only tools of type 'function'" in refusal(serving(), tools=[{"type": "retrieval"}])
+
+
+def test_reasoning_switches_off_without_a_parser_ask_for_nothing():
+    """Upstream answers 200: `false` asks that nothing be separated, which a parserless server already does."""
+    for field in ("separate_reasoning", "stream_reasoning"):
+        assert convert(serving(), **{field: False}).messages == MSG
+
+
+def test_a_property_named_type_is_data_not_a_bad_type():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"type": {"type": "string"}, "kind": {"type": ["string", "null"]}}}}}]
+    assert "structural_tag" in convert(serving(), tools=tools, tool_choice="required").sampling_params
 
 
 def test_history_with_tool_calls_and_results():
