@@ -24,9 +24,12 @@ from sglang.srt.environ import envs
 MAX_STOP_REGEXES = 16
 MAX_STOP_REGEX_CHARS = 4096  # per pattern: compiled on the event loop at admission
 # Counted repeats are unrolled by the compiler: `(?:(?:a{1000}){1000}){1000}` is 28 characters and takes the
-# process down. A pattern's size with every repeat unrolled is bounded before it is compiled (a{65535}
-# compiles in ~20 ms; 10**6 took 0.5 s and 150 MB).
-MAX_STOP_REGEX_EXPANDED = 100_000
+# process down. A pattern's size with every repeat unrolled is bounded before it is compiled: 100,000
+# elements compile to ~15 MB in ~57 ms, 10,000 to ~1.5 MB in a few ms (a stop pattern needs far fewer).
+MAX_STOP_REGEX_EXPANDED = 10_000
+# compiled patterns kept per process (the tokenizer's admission check and each scheduler rank):
+# with the bound above at most ~100 MB however many distinct patterns clients send
+_COMPILED_CACHE = 64
 # a stop_regex match lies within the last WINDOW_TOKENS output tokens
 WINDOW_TOKENS = 64
 CONTEXT_TOKENS = 16
@@ -39,7 +42,7 @@ class StopRegexError(ValueError):
     """A pattern refused at admission, or one whose search ran past the time budget (a 400 either way)."""
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=_COMPILED_CACHE)
 def compiled(pattern: str) -> regex.Pattern:
     return regex.compile(pattern)
 
