@@ -11,7 +11,7 @@ import pytest
 
 import sglang
 from conftest import CASES, TEST_DEVICE, build_case, pid_alive, wait_until
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 
 MAX_NEW = 12
 

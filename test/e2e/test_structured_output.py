@@ -200,7 +200,7 @@ def test_grammar_backend_none_refuses_naming_the_flag(launch_server):
 def test_engine_generate_with_constraints(model_dir):
     import sglang
     from conftest import TEST_DEVICE
-    from sglang.srt.managers.errors import GenerateError
+    from sglang.srt.errors import GenerateError
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")

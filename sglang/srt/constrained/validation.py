@@ -14,7 +14,7 @@ import json
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.xgrammar_backend import GrammarCompileError, JsonOptions, XGrammarBackend
 from sglang.srt.environ import envs
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 
 VALIDATION_CACHE_ENTRIES = 1024
 CHECK_PLACES = 4  # compiles at a time; one past its time limit gives its place back

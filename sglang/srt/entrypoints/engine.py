@@ -107,7 +107,7 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
 
     # Resolve once here, so children never each generate the embedded default model.
     server_args = dataclasses.replace(server_args, model_path=server_args.resolved_model_path())
-    from sglang.srt.server_args import log_ignored_flags
+    from sglang.srt.server_args_checks import log_ignored_flags
 
     log_ignored_flags(server_args, server_args.resolved_device())
     _check_quantization(server_args)

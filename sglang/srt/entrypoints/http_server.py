@@ -23,10 +23,10 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from sglang import __version__
+from sglang.version import __version__
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
-from sglang.srt.entrypoints.field_policy import GENERATE_REFUSED, check_fields
+from sglang.srt.managers.field_policy import GENERATE_REFUSED, check_fields
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList, pick_dp_rank, pick_image_settings
 from sglang.srt.entrypoints.openai.serving_base import (
@@ -46,7 +46,7 @@ from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompl
 from sglang.srt.entrypoints.openai.serving_tokenize import detokenize, tokenize
 from sglang.srt.entrypoints.profile_request import start_profile_request
 from sglang.srt.managers.io_struct import GenerateReqInput, ProfileReq
-from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
+from sglang.srt.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.secrets import redact_secrets

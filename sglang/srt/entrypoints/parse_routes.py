@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang.srt.entrypoints.field_policy import check_fields
+from sglang.srt.managers.field_policy import check_fields
 from sglang.srt.function_call.function_call_parser import FunctionCallParser, resolve_tool_call_parser
 from sglang.srt.function_call.tool_constraint import ToolChoiceError, function_of
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import ProfileReq
 from sglang.srt.managers.profiler import ACTIVITIES, profile_steps, trace_dir
 

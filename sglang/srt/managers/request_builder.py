@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang.srt.managers.chat_messages import split_chat_media
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.managers.tokenizer_lanes import TokenizerLanes
 from sglang.srt.environ import envs
@@ -36,7 +36,7 @@ from sglang.srt.multimodal.transport.shm import (
     mm_items_to_shm,
     segment_prefix,
 )
-from sglang.srt.entrypoints.field_policy import SAMPLING_REFUSED, refusal_message
+from sglang.srt.managers.field_policy import SAMPLING_REFUSED, refusal_message
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled

@@ -18,7 +18,7 @@ import copy
 import threading
 from typing import Any
 
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 
 # ~50 ms of tokenizing on one core: below this an input shares the ordinary lane
 LONG_CHARS = 1 << 16

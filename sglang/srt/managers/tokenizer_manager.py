@@ -39,13 +39,13 @@ from sglang.srt.managers.io_struct import (
     SchedulerReady,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.data_parallel_controller import (
+from sglang.srt.managers.data_parallel_messages import (
     merge_flush_replies,
     merge_profile_replies,
     merge_server_infos,
     request_header,
 )
-from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
+from sglang.srt.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.request_builder import RequestBuilder, check_input_ids
 from sglang.srt.metrics.prometheus import ServingMetrics
 from sglang.srt.multimodal import deferred_decode

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang.srt.constrained.validation import GrammarValidator
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 
 ARGS = SimpleNamespace(grammar_backend="xgrammar", constrained_json_disable_any_whitespace=False,
                        constrained_json_max_whitespace_cnt=None)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 
 ARGS = SimpleNamespace(tool_call_parser=None, reasoning_parser="qwen3-thinking")
 CALL = 'x <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'

@@ -38,7 +38,7 @@ def test_generate_bodies_the_router_forwards_are_the_clients_requests():
 def test_a_model_name_on_generate_is_refused_by_name():
     import pytest
 
-    from sglang.srt.managers.errors import GenerateError
+    from sglang.srt.errors import GenerateError
 
     with pytest.raises(GenerateError, match="model"):
         native_requests({"text": "hi", "model": "some-model"}, 0.0)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, FinishReason, GenerateReqInput, TokenizedGenerateReqInput
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.metrics.stage_timer import VlmStageTimer

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from sglang.srt.managers.io_struct import GetServerInfoReq, GetServerInfoReqOutput
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 

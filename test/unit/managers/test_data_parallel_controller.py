@@ -3,11 +3,13 @@ yet seen by the replica), and merging the replies of every replica into one."""
 
 from __future__ import annotations
 
-from sglang.srt.managers.data_parallel_controller import (
-    LoadBalancer,
+from sglang.srt.managers.data_parallel_controller import LoadBalancer
+from sglang.srt.managers.data_parallel_messages import (
     merge_flush_replies,
     merge_profile_replies,
     merge_server_infos,
+    read_request_header,
+    request_header,
 )
 from sglang.srt.managers.io_struct import FlushCacheReqOutput, ProfileReqOutput, ReplicaLoadReport
 
@@ -88,3 +90,8 @@ def test_flush_and_profile_succeed_only_when_every_replica_did():
     assert not failed.success and "1 of 2 replicas: requests are running" == failed.message
     prof = merge_profile_replies([ProfileReqOutput(True, files=["a-DP-0-TP-0"]), ProfileReqOutput(True, files=["a-DP-1-TP-0"])])
     assert prof.success and prof.files == ["a-DP-0-TP-0", "a-DP-1-TP-0"]
+
+
+def test_request_header_round_trips():
+    assert read_request_header(request_header("r1", 12)) == ("r1", 12, None)
+    assert read_request_header(request_header("r2", 3, 1)) == ("r2", 3, 1)

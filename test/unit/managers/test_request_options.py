@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.request_builder import RequestBuilder, check_priority
 from sglang.srt.server_args import ServerArgs

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.tokenizer_lanes import LONG_CHARS, LONG_IDS, TokenizerLanes
 
 GUARD_S = 120  # a deadlock guard only: the waits below end on events, not on time

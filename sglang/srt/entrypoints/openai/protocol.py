@@ -1,5 +1,5 @@
 """OpenAI wire types (pydantic): chat completions, completions, models, errors. A request's top-level
-fields are checked before these models read it (sglang/srt/entrypoints/field_policy.py: unknown and
+fields are checked before these models read it (sglang/srt/managers/field_policy.py: unknown and
 unimplemented fields are 400s naming them); values a declared field cannot honour are refused by the
 request's `unsupported()`. Nested objects (messages, parts) tolerate extra keys."""
 

@@ -25,10 +25,10 @@ from sglang.srt.constrained.request_fields import (
     constraint_params,
     openai_constraint_fields,
 )
-from sglang.srt.entrypoints.field_policy import Refusal, check_fields
+from sglang.srt.managers.field_policy import Refusal, check_fields
 from sglang.srt.entrypoints.openai.protocol import PromptTokensDetails, UsageInfo
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 SSE_DONE = b"data: [DONE]\n\n"

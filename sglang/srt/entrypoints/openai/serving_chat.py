@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from sglang.srt.constrained.request_fields import GRAMMAR_KINDS
-from sglang.srt.entrypoints.field_policy import CHAT_REFUSED
+from sglang.srt.managers.field_policy import CHAT_REFUSED
 from sglang.srt.entrypoints.openai.chat_output import ChatOutputOptions, ChatOutputProcessor, ChatPiece
 from sglang.srt.entrypoints.openai.protocol import (
     AssistantMessage,
@@ -38,7 +38,7 @@ from sglang.srt.function_call.tool_constraint import (
     strict_auto_structural_tag,
     tool_call_structural_tag,
 )
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.parser.reasoning_parser import prompt_opens_reasoning
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from sglang.srt.entrypoints.field_policy import COMPLETION_REFUSED
+from sglang.srt.managers.field_policy import COMPLETION_REFUSED
 from sglang.srt.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionRequest,

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from sglang.srt.entrypoints.openai.serving_base import format_validation_error, parse_json_body
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.tokenizer_lanes import check_id_count
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 

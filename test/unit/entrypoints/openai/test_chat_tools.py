@@ -12,7 +12,7 @@ import pytest
 
 from sglang.srt.entrypoints.openai.chat_output import ChatOutputOptions, ChatOutputProcessor
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 
 MSG = [{"role": "user", "content": "weather?"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

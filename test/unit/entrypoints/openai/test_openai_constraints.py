@@ -10,7 +10,7 @@ import pytest
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import sampling_from_request
-from sglang.srt.managers.errors import GenerateError
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.request_builder import make_sampling_params
 
 MSG = [{"role": "user", "content": "hi"}]

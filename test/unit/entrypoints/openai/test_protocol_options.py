@@ -4,7 +4,7 @@ under vLLM's (`mm_processor_kwargs`) or upstream's (`images_config`) name, one a
 
 from __future__ import annotations
 
-from sglang.srt.entrypoints.field_policy import COMPLETION_REFUSED, check_fields
+from sglang.srt.managers.field_policy import COMPLETION_REFUSED, check_fields
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 MESSAGES = [{"role": "user", "content": "hi"}]

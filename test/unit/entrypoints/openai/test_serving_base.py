@@ -23,7 +23,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     sse_stream,
     usage_from_meta,
 )
-from sglang.srt.managers.errors import GenerateError, ServerUnhealthyError
+from sglang.srt.errors import GenerateError, ServerUnhealthyError
 
 
 class _Gen:
