@@ -1,13 +1,10 @@
 """The ZMQ endpoints and torch.distributed rendezvous of one server instance (`PortArgs`), made from
-its `ServerArgs`; `sglang.srt.server_args` re-exports it under upstream's import path."""
+its `ServerArgs`; `sglang.srt.server_args` re-exports it under upstream's import path (so this module
+never imports `server_args`: `create` reads the fields it needs from the object it is given)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sglang.srt.server_args import ServerArgs
 
 
 @dataclass(frozen=True)
@@ -34,7 +31,7 @@ class PortArgs:
                                    nccl_port=self.replica_nccl_ports[dp_rank])
 
     @classmethod
-    def create(cls, server_args: "ServerArgs") -> "PortArgs":
+    def create(cls, server_args) -> "PortArgs":
         import os
         import tempfile
 

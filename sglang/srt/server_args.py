@@ -4,157 +4,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import re
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, get_args, get_origin, get_type_hints
 
-from sglang.srt.environ import envs
 from sglang.srt.port_args import PortArgs  # noqa: F401  (upstream's import path)
-from sglang.srt.function_call.function_call_parser import TOOL_CALL_PARSER_CHOICES
-from sglang.srt.parser.reasoning_parser import REASONING_PARSERS
-
-
-def _arg(help: str, choices: tuple | None = None, parse=None, aliases: tuple[str, ...] = (), **kw) -> dict:
-    """Field metadata: help, argparse choices, a parser for the raw string (errors name the flag) and other
-    spellings of the flag (upstream's long names, this engine's earlier names)."""
-    return {"help": help, "choices": choices, "parse": parse, "aliases": aliases, **kw}
-
-
-# Token (and byte) counts take upstream's suffixes, case-sensitive: SI k M G T (x1000) and IEC Ki Mi Gi Ti
-# (x1024); decimals only with an SI suffix and only where the count comes out whole (1.5k = 1500).
-_SI_SUFFIXES = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_IEC_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_COUNT = re.compile(r"(?P<int>-?\d+)|(?P<num>\d+(?:\.\d+)?)(?P<suffix>Ki|Mi|Gi|Ti|k|M|G|T)")
-_SUFFIX_HELP = "an integer, or one with a suffix: k M G T (x1000) or Ki Mi Gi Ti (x1024), case-sensitive"
-
-
-def parse_token_count(raw: str | int) -> int:
-    """A count as upstream's launcher reads it: `4096`, `128k` (128000), `1M` (1000000), `32Ki` (32768),
-    `1.5k` (1500). Anything else is refused, naming the likely intent (`1m` -> 1M, `1KI` -> 1Ki)."""
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    text = str(raw).strip()
-    m = _COUNT.fullmatch(text)
-    if m is None:
-        raise ValueError(f"not a count: {_SUFFIX_HELP}{_suffix_hint(text)}")
-    if m["int"] is not None:
-        return int(m["int"])
-    number, suffix = m["num"], m["suffix"]
-    if suffix in _IEC_SUFFIXES:
-        if "." in number:
-            si = suffix[0].replace("K", "k")
-            raise ValueError(f"decimals go with k M G T only, not with {suffix} (write {number}{si} or a whole "
-                             f"number of {suffix})")
-        return int(number) * _IEC_SUFFIXES[suffix]
-    value = Decimal(number) * _SI_SUFFIXES[suffix]
-    if value != value.to_integral_value():
-        raise ValueError(f"{text} is {value.normalize():f}, not a whole number")
-    return int(value)
-
-
-def _suffix_hint(text: str) -> str:
-    m = re.fullmatch(r"\d+(?:\.\d+)?([A-Za-z]+)", text)
-    if m is None:
-        return ""
-    suffix = m[1]
-    if suffix == "K":
-        return " ('K': write k for 1000 or Ki for 1024)"
-    for known in (*_IEC_SUFFIXES, *_SI_SUFFIXES):
-        if suffix.lower() == known.lower() and suffix != known:
-            return f" ({suffix!r}: did you mean {known!r}?)"
-    return f" ({suffix!r} is not a suffix)"
-
-
-DEFAULT_VIDEO_LIMIT = 8  # videos per request when no limit names them
-
-
-def parse_mm_limits(raw: str | int | dict) -> int | dict[str, int]:
-    """`N` (images), or the JSON forms `{"image": N, "video": M}` (upstream's --limit-mm-data-per-request,
-    vLLM's --limit-mm-per-prompt) as a dict. Audio is not served: a non-zero audio limit is refused."""
-    import json
-
-    if isinstance(raw, dict):
-        limits = raw
-    else:
-        raw = str(raw).strip()
-        if not raw.startswith("{"):
-            return int(raw)
-        try:
-            limits = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"not valid JSON: {e}") from None
-    unknown = {k for k, v in limits.items() if k not in ("image", "video") and v}
-    if unknown:
-        raise ValueError(f"only image and video inputs are served; got limits for {sorted(unknown)}")
-    out = {}
-    for k in ("image", "video"):
-        if limits.get(k) is not None:
-            if isinstance(limits[k], bool) or not isinstance(limits[k], int) or limits[k] < 0:
-                raise ValueError(f"the {k} limit must be a non-negative integer, got {limits[k]!r}")
-            out[k] = limits[k]
-    return out
-
-
-def parse_image_limit(raw: str) -> int:
-    """The image part of `parse_mm_limits` (0 when a JSON form names none)."""
-    limits = parse_mm_limits(raw)
-    return limits if isinstance(limits, int) else limits.get("image", 0)
-
-
-GRAMMAR_BACKENDS = ("xgrammar", "none")
-
-
-def _grammar_problems(args) -> list[str]:
-    problems = []
-    if args.grammar_backend not in GRAMMAR_BACKENDS:
-        problems.append(f"--grammar-backend {args.grammar_backend}: choose xgrammar or none (outlines and llguidance "
-                        "are not available here)")
-    cnt = args.constrained_json_max_whitespace_cnt
-    if cnt is not None and cnt < 1:
-        problems.append("--constrained-json-max-whitespace-cnt must be >= 1")
-    if args.tool_call_parser not in (None, *TOOL_CALL_PARSER_CHOICES):
-        problems.append(f"--tool-call-parser {args.tool_call_parser}: choose one of {', '.join(TOOL_CALL_PARSER_CHOICES)}")
-    if args.reasoning_parser not in (None, *REASONING_PARSERS):
-        problems.append(f"--reasoning-parser {args.reasoning_parser}: choose one of {', '.join(REASONING_PARSERS)}")
-    return problems
-
-
-# --schedule-policy: upstream 0.5.23's values; the ones that need machinery this engine does not have stop
-# start-up with the reason
-SCHEDULE_POLICIES = ("fcfs", "lpm", "random", "dfs-weight", "lof", "priority")
-REFUSED_SCHEDULE_POLICIES = {
-    "routing-key": "it orders requests by the routing key sglang-router attaches for data-parallel attention, "
-                   "which this engine neither receives nor serves",
-    "hrrn": "highest-response-ratio-next is not implemented here",
-    "shortest-prefill-first": "upstream's experimental shortest-prefill-first is not implemented here",
-}
-# --load-balance-method: upstream 0.5.23's choices (auto: round_robin, as upstream outside prefill/decode
-# disaggregation) and the names of earlier upstream releases, each -> the method it means here
-LOAD_BALANCE_METHODS = {"auto": "round_robin", "round_robin": "round_robin", "total_requests": "total_requests",
-                        "shortest_queue": "total_requests", "total_tokens": "total_tokens",
-                        "minimum_tokens": "total_tokens"}
-REFUSED_LOAD_BALANCE_METHODS = {
-    "follow_bootstrap_room": "it follows the bootstrap room of prefill/decode disaggregation, which this engine "
-                             "does not serve",
-}
-
-
-def resolve_load_balance_method(name: str) -> str:
-    """round_robin, total_requests or total_tokens; ValueError naming the choices otherwise."""
-    if name in REFUSED_LOAD_BALANCE_METHODS:
-        raise ValueError(f"--load-balance-method {name}: {REFUSED_LOAD_BALANCE_METHODS[name]}")
-    if name not in LOAD_BALANCE_METHODS:
-        raise ValueError(f"--load-balance-method {name}: choose one of {', '.join(LOAD_BALANCE_METHODS)}")
-    return LOAD_BALANCE_METHODS[name]
-
-
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}  # Python's logging takes these too
-DEFAULT_MAX_PAYLOAD_SIZE = 64 * 2**20
-
-DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+from sglang.srt.server_args_checks import check_and_normalize
+from sglang.srt.server_args_values import (
+    DEFAULT_VIDEO_LIMIT,
+    DTYPE_ALIASES,
+    LOAD_BALANCE_METHODS,
+    REASONING_PARSER_CHOICES,
+    REFUSED_LOAD_BALANCE_METHODS,
+    REFUSED_SCHEDULE_POLICIES,
+    SCHEDULE_POLICIES,
+    TOOL_CALL_PARSER_CHOICES,
+    _arg,
+    parse_mm_limits,
+    parse_token_count,
+)
 
 
 @dataclass(frozen=True)
@@ -313,102 +180,12 @@ class ServerArgs:
     reasoning_parser: str | None = field(default=None, metadata=_arg(
         "split the model's <think> reasoning into reasoning_content: qwen3 (reasoning when the output or the "
         "prompt opens <think>) or qwen3-thinking (the template opens it: every output begins reasoning)",
-        choices=tuple(REASONING_PARSERS)))
+        choices=REASONING_PARSER_CHOICES))
 
     def __post_init__(self):
-        problems = []
-        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
-        if isinstance(self.limit_mm_per_prompt, (dict, str)):  # vLLM's JSON form carries both limits
-            try:
-                limits = parse_mm_limits(self.limit_mm_per_prompt)
-            except ValueError as e:
-                problems.append(f"--limit-mm-per-prompt: {e}")
-                limits = 0
-            if isinstance(limits, dict) and self.limit_mm_data_per_request is None:
-                object.__setattr__(self, "limit_mm_data_per_request", json.dumps(limits))
-            object.__setattr__(self, "limit_mm_per_prompt", limits if isinstance(limits, int) else limits.get("image", 0))
-        if self.limit_mm_data_per_request is not None:
-            try:
-                object.__setattr__(self, "limit_mm_per_prompt", parse_image_limit(self.limit_mm_data_per_request))
-            except ValueError as e:
-                problems.append(f"--limit-mm-data-per-request: {e}")
-        if self.cuda_graph_bs_decode is not None:
-            try:
-                object.__setattr__(self, "cuda_graph_bs_decode", tuple(int(b) for b in self.cuda_graph_bs_decode))
-            except ValueError:
-                problems.append(f"--cuda-graph-bs-decode takes integers, got {list(self.cuda_graph_bs_decode)}")
-        if self.mm_feature_transport == "shm":  # this engine's earlier name for the same behaviour
-            object.__setattr__(self, "mm_feature_transport", "cpu")
-        if self.mm_feature_transport == "cuda_ipc":
-            problem = _cuda_ipc_problem(self)
-            if problem:
-                problems.append(f"--mm-feature-transport cuda_ipc: {problem}; use cpu (shared memory on one host)")
-        problems += self._data_parallel_problems()
-        if self.quantization not in (None, "", "none", "fp8"):
-            problems.append(f"--quantization {self.quantization}: only fp8 (block FP8) is supported")
-        if self.fp8_gemm_backend not in ("auto", "triton"):
-            problems.append(f"--fp8-gemm-backend {self.fp8_gemm_backend}: only triton (auto) is built; "
-                            "cutlass, deep_gemm and flashinfer need kernels this engine does not ship")
-        if self.kv_cache_dtype not in ("auto", self.dtype, "fp8_e4m3", "fp8_e5m2"):
-            problems.append(f"--kv-cache-dtype {self.kv_cache_dtype}: choose auto, fp8_e4m3 or fp8_e5m2")
-        if self.mm_attention_backend == "triton_attn":  # upstream's name of the same backend
-            object.__setattr__(self, "mm_attention_backend", "triton")
-        if self.mm_attention_backend not in (None, "sdpa", "triton"):
-            problems.append(f"--mm-attention-backend {self.mm_attention_backend}: choose sdpa or triton_attn "
-                            "(triton is the same)")
-        problems += self._scheduling_problems() + self._limit_problems()
-        problems += _grammar_problems(self)
-        for var in (envs.SGLANG_IMAGE_MAX_PIXELS, envs.SGLANG_RESIZE_RESAMPLE):  # read by the image processor
-            try:
-                var.get()
-            except ValueError as e:
-                problems.append(str(e))
-        if self.tp_size < 1:
-            problems.append("--tp-size must be >= 1")
-        if self.page_size < 1:
-            problems.append("--page-size must be >= 1")
-        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
-            problems.append("--chunked-prefill-size must be positive or -1")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            problems.append("--max-running-requests must be >= 1")
-        if self.context_length is not None and self.context_length < 2:
-            problems.append("--context-length must be >= 2")
-        if self.max_prefill_tokens < 1:
-            problems.append("--max-prefill-tokens must be >= 1")
-        if self.max_total_tokens is not None and self.max_total_tokens < 16:
-            problems.append("--max-total-tokens must be >= 16")
-        if self.schedule_conservativeness <= 0:
-            problems.append("--schedule-conservativeness must be > 0")
-        if not 0 < self.mem_fraction_static < 1:
-            problems.append("--mem-fraction-static must be in (0, 1)")
-        if self.limit_mm_per_prompt < 0:
-            problems.append("--limit-mm-per-prompt must be >= 0")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
-            problems.append("--node-rank must be in [0, --nnodes)")
-        elif self.tp_size % self.nnodes:
-            problems.append("--tp-size must be a multiple of --nnodes")
-        elif self.nnodes > 1 and not self.dist_init_addr:
-            problems.append("--dist-init-addr host:port is required with --nnodes > 1")
+        problems = check_and_normalize(self)
         if problems:
             raise ValueError("; ".join(problems))
-
-    def _data_parallel_problems(self) -> list[str]:
-        problems = []
-        if self.dp_size < 1:
-            problems.append("--dp-size must be >= 1")
-        elif self.dp_size > 1 and self.nnodes > 1:
-            problems.append(f"--dp-size {self.dp_size} with --nnodes {self.nnodes}: data-parallel replicas run on "
-                            "one node; run one server per node behind sglang-router (docs/deploy.md)")
-        elif self.dp_size > 1 and self.dist_init_addr:
-            problems.append("--dist-init-addr is for --nnodes > 1; at --dp-size > 1 every replica picks its own "
-                            "loopback rendezvous")
-        try:
-            resolve_load_balance_method(self.load_balance_method)
-        except ValueError as e:
-            problems.append(str(e))
-        if self.base_gpu_id < 0:
-            problems.append("--base-gpu-id must be >= 0")
-        return problems
 
     @property
     def limit_mm_video_per_prompt(self) -> int:
@@ -417,41 +194,6 @@ class ServerArgs:
             return DEFAULT_VIDEO_LIMIT
         limits = parse_mm_limits(self.limit_mm_data_per_request)
         return limits.get("video", DEFAULT_VIDEO_LIMIT) if isinstance(limits, dict) else DEFAULT_VIDEO_LIMIT
-
-    def _scheduling_problems(self) -> list[str]:
-        problems = []
-        if self.schedule_policy in REFUSED_SCHEDULE_POLICIES:
-            problems.append(f"--schedule-policy {self.schedule_policy}: {REFUSED_SCHEDULE_POLICIES[self.schedule_policy]}"
-                            f"; choose one of {', '.join(SCHEDULE_POLICIES)}")
-        elif self.schedule_policy not in SCHEDULE_POLICIES:
-            problems.append(f"--schedule-policy {self.schedule_policy}: choose one of {', '.join(SCHEDULE_POLICIES)}")
-        if self.schedule_policy == "priority":
-            object.__setattr__(self, "enable_priority_scheduling", True)
-        if self.priority_scheduling_preemption_threshold < 0:
-            problems.append("--priority-scheduling-preemption-threshold must be >= 0")
-        return problems
-
-    def _limit_problems(self) -> list[str]:
-        """--log-level and the request body limit, folded into one value each."""
-        problems = []
-        level = str(self.log_level).lower()
-        level = LOG_LEVEL_ALIASES.get(level, level)
-        if level not in LOG_LEVELS:
-            problems.append(f"--log-level {self.log_level}: choose one of {', '.join(LOG_LEVELS)}")
-        object.__setattr__(self, "log_level", level)
-        mb, size = self.max_request_body_mb, self.max_payload_size
-        if mb is not None and not mb > 0:
-            problems.append("--max-request-body-mb must be > 0")
-        elif size is not None and size < 1:
-            problems.append("--max-payload-size must be >= 1 byte")
-        elif mb is not None and size is not None and int(mb * 2**20) != size:
-            problems.append(f"--max-payload-size {size} and --max-request-body-mb {mb} both set the request body "
-                            "limit: give one")
-        else:  # one limit, kept in both units (a copy re-validates consistent values)
-            size = size if size is not None else int(mb * 2**20) if mb is not None else DEFAULT_MAX_PAYLOAD_SIZE
-            object.__setattr__(self, "max_payload_size", size)
-            object.__setattr__(self, "max_request_body_mb", size / 2**20)
-        return problems
 
     # ------------------------------------------------------------------ derived
     def local_tp_ranks(self) -> range:
@@ -540,40 +282,6 @@ def _named(parse, flag: str):
 
     convert.__name__ = flag
     return convert
-
-
-def log_ignored_flags(args: "ServerArgs", device: str) -> list[str]:
-    """One info line per accepted-but-inert flag, so a user sees what did not take effect."""
-    lines = []
-    if device != "cuda" and (args.cuda_graph_max_bs_decode or args.cuda_graph_bs_decode or args.disable_cuda_graph):
-        lines.append("CUDA graphs: --cuda-graph-max-bs-decode / --cuda-graph-bs-decode / --disable-cuda-graph have no "
-                     "effect on CPU")
-    elif device == "cuda" and not args.disable_cuda_graph and args.resolved_attention_backends()[0] != "triton":
-        lines.append("CUDA graphs for decode need --attention-backend triton: decode runs eagerly")
-    if args.enable_vit_ulysses_sp and args.tp_size == 1:
-        lines.append("--enable-vit-ulysses-sp: no effect at --tp-size 1 (nothing to split over)")
-    for flag, on in (("--enable-multimodal", args.enable_multimodal), ("--trust-remote-code", args.trust_remote_code),
-                     ("--skip-server-warmup", args.skip_server_warmup)):
-        if on:
-            lines.append(f"{flag}: accepted for compatibility, nothing to change here")
-    import logging
-
-    for line in lines:
-        logging.getLogger(__name__).info(line)
-    return lines
-
-
-def _cuda_ipc_problem(args: "ServerArgs") -> str | None:
-    """Why the cuda_ipc transport cannot run here, or None."""
-    if args.device == "cpu":
-        return "needs a CUDA device, and --device is cpu"
-    if args.nnodes > 1:
-        return "CUDA IPC handles reach only the GPUs of one host, and --nnodes is > 1"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "needs a CUDA device, and torch sees none"
-    return None
 
 
 def _base_type(typ):

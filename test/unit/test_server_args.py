@@ -9,7 +9,9 @@ import re
 
 import pytest
 
-from sglang.srt.server_args import ServerArgs, log_ignored_flags, parse_image_limit, parse_token_count
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args_checks import log_ignored_flags
+from sglang.srt.server_args_values import parse_image_limit, parse_token_count
 
 
 def test_upstream_launch_command_parses():
@@ -103,7 +105,7 @@ def test_dtype_aliases_and_image_limit_forms():
 def test_video_limit_forms():
     """Both JSON forms carry a video limit (vLLM's --limit-mm-per-prompt, upstream's
     --limit-mm-data-per-request, which wins); unnamed, videos get DEFAULT_VIDEO_LIMIT."""
-    from sglang.srt.server_args import DEFAULT_VIDEO_LIMIT
+    from sglang.srt.server_args_values import DEFAULT_VIDEO_LIMIT
 
     a = ServerArgs.from_argv(["--limit-mm-per-prompt", '{"image": 2, "video": 1}'])
     assert (a.limit_mm_per_prompt, a.limit_mm_video_per_prompt) == (2, 1)
@@ -275,7 +277,7 @@ def test_ipc_sockets_fit_the_unix_path_limit_under_a_deep_tmpdir(tmp_path, monke
                                           ("total_requests", "total_requests"), ("shortest_queue", "total_requests"),
                                           ("total_tokens", "total_tokens"), ("minimum_tokens", "total_tokens")])
 def test_load_balance_methods_upstreams_and_earlier_names(name, method):
-    from sglang.srt.server_args import resolve_load_balance_method
+    from sglang.srt.server_args_values import resolve_load_balance_method
 
     args = ServerArgs.from_argv(["--data-parallel-size", "2", "--load-balance-method", name])
     assert args.dp_size == 2 and resolve_load_balance_method(args.load_balance_method) == method

@@ -14,7 +14,6 @@ import os
 import threading
 from dataclasses import dataclass
 
-GRAMMAR_BACKENDS = ("xgrammar", "none")
 
 
 class GrammarCompileError(ValueError):

@@ -7,11 +7,12 @@ from typing import Any
 
 from sglang.srt.function_call.core_types import StreamingParseResult, ToolCallItem
 from sglang.srt.function_call.qwen25_detector import Qwen25Detector
+from sglang.srt.server_args_values import TOOL_CALL_PARSER_CHOICES
 
-# upstream's names for the formats served here ("qwen" is upstream's newer name of "qwen25")
+# each format the flag names (server_args_values.TOOL_CALL_PARSER_CHOICES, less `auto`) -> its detector
 TOOL_CALL_PARSERS: dict[str, type] = {"qwen25": Qwen25Detector, "qwen": Qwen25Detector}
-# the flag's values: a format, or `auto` (as leaving it unset): picked from the chat template
-TOOL_CALL_PARSER_CHOICES = (*TOOL_CALL_PARSERS, "auto")
+if set(TOOL_CALL_PARSERS) != set(TOOL_CALL_PARSER_CHOICES) - {"auto"}:
+    raise ImportError("every --tool-call-parser choice needs a detector, and every detector a choice")
 
 
 def resolve_tool_call_parser(flag: str | None, chat_template: str | None) -> str | None:

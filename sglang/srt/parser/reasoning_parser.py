@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sglang.srt.server_args_values import REASONING_PARSER_CHOICES
 from sglang.srt.utils.text import partial_match_len
 
 THINK_START = "<think>"
@@ -32,6 +33,8 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
     "qwen3": ReasoningFormat(THINK_START, THINK_END, force=False),
     "qwen3-thinking": ReasoningFormat(THINK_START, THINK_END, force=True),
 }
+if tuple(REASONING_PARSERS) != REASONING_PARSER_CHOICES:
+    raise ImportError("every --reasoning-parser choice needs a format, and every format a choice")
 
 
 def reasoning_format(name: str) -> ReasoningFormat:
