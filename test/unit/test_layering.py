@@ -1,29 +1,138 @@
-"""Layering rules read from the source (ast, nothing imported): models and layers never import the
-managers (the scheduler side); only environ.py reads the process environment."""
+"""Layering rules read from the source (ast, nothing imported): every module of `sglang/` imports only
+downward in the layer order written in docs/architecture.md (section 8, "Layer order"), no modules
+import each other in a circle, and only environ.py reads the process environment."""
 
 from __future__ import annotations
 
 import ast
+import re
+from functools import lru_cache
 from pathlib import Path
 
-SRT = Path(__file__).resolve().parents[2] / "sglang" / "srt"
+REPO = Path(__file__).resolve().parents[2]
+PKG = REPO / "sglang"
+SRT = PKG / "srt"
+DOC = REPO / "docs" / "architecture.md"
 
 
-def _imports(path: Path) -> list[str]:
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _empty(path: Path) -> bool:
+    """A package `__init__` holding nothing but a docstring: a namespace, on no layer."""
+    body = ast.parse(path.read_text()).body
+    return path.name == "__init__.py" and all(
+        isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body)
+
+
+@lru_cache(maxsize=None)
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PKG.rglob("*.py")) if not _empty(p)}
+
+
+@lru_cache(maxsize=None)
+def _imports(name: str) -> tuple[tuple[str, int], ...]:
+    """(imported sglang module, line) for every import statement in the module, wherever it sits
+    (functions and TYPE_CHECKING blocks included). `from pkg import sub` names the submodule."""
+    path, mods = _modules()[name], _modules()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out.append(node.module)
-    return out
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods]
+            # `from pkg import sub, name`: the submodules, plus the package itself when a name is not one
+            out += [(s, node.lineno) for s in subs]
+            if len(subs) < len(node.names):
+                out.append((base, node.lineno))
+    return tuple((m, line) for m, line in out if m in mods)
+
+
+@lru_cache(maxsize=None)
+def _layers() -> list[list[tuple[str, ...]]]:
+    """The doc's ```layers block: one list of groups per line, lowest line first."""
+    m = re.search(r"```layers\n(.*?)```", DOC.read_text(), re.S)
+    assert m, "docs/architecture.md has no ```layers block"
+    return [[tuple(g.split()) for g in line.split("|")] for line in m.group(1).splitlines() if line.strip()]
+
+
+def _place(module: str) -> tuple[int, int] | None:
+    """(line, group) of the longest name matching `module`; the root `sglang` matches only itself."""
+    best, where = -1, None
+    for i, groups in enumerate(_layers()):
+        for j, names in enumerate(groups):
+            for n in names:
+                hit = module == n or (n != "sglang" and module.startswith(n + "."))
+                if hit and len(n) > best:
+                    best, where = len(n), (i, j)
+    return where
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in _modules() if _place(m) is None]
+    assert not missing, f"add these to the ```layers block of docs/architecture.md: {missing}"
+
+
+def test_imports_go_down_the_layer_order():
+    bad = []
+    for m in _modules():
+        if _place(m) is None:
+            continue  # test_every_module_has_a_layer names it
+        line, group = _place(m)
+        for target, lineno in _imports(m):
+            t_line, t_group = _place(target)
+            if t_line > line or (t_line == line and t_group != group):
+                bad.append(f"{m}:{lineno} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components over the module graph: every component is one module."""
+    graph = {m: sorted({t for t, _ in _imports(m) if t != m}) for m in _modules()}
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
 
 
 def test_models_and_layers_do_not_import_managers():
-    bad = []
-    for pkg in ("models", "layers"):
-        for path in sorted((SRT / pkg).rglob("*.py")):
-            bad += [f"{path.relative_to(SRT)}: {m}" for m in _imports(path) if m.startswith("sglang.srt.managers")]
+    """Implied by the layer order; kept as the rule's own name (the model side never reaches the scheduler)."""
+    bad = [f"{m}: {t}" for m in _modules() if m.startswith(("sglang.srt.models", "sglang.srt.layers"))
+           for t, _ in _imports(m) if t.startswith("sglang.srt.managers")]
     assert not bad, bad
 
 
