@@ -312,11 +312,11 @@ class Engine:
                   logprob_start_len, top_logprobs_num, video_data=None, options: "_Options | None" = None
                   ) -> tuple[list, bool]:
         """(the requests to run: one per prompt and sample, whether the caller gets a list)."""
-        from sglang.srt.entrypoints.openai.protocol import pick_image_settings
+        from sglang.srt.entrypoints.openai.protocol import pick_media_settings
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         options = options or _Options()
-        image_kwargs, image_kwargs_name = pick_image_settings(options.mm_processor_kwargs, options.images_config)
+        media_kwargs, media_kwargs_name = pick_media_settings(options.mm_processor_kwargs, options.images_config)
 
         logprob_kw = {k: v for k, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num))
                       if v is not None}
@@ -335,8 +335,8 @@ class Engine:
             obj = GenerateReqInput(text=prompt, input_ids=input_ids, messages=messages,
                                    image_data=_as_image_list(image_data), video_data=_as_image_list(video_data),
                                    sampling_params=dict(sampling_params or {}), stream=stream,
-                                   priority=options.priority, mm_processor_kwargs=image_kwargs,
-                                   mm_kwargs_name=image_kwargs_name)
+                                   priority=options.priority, mm_processor_kwargs=media_kwargs,
+                                   mm_kwargs_name=media_kwargs_name)
             copies = obj.parallel_copies()
             return copies, len(copies) > 1
         n = len(prompt if isinstance(prompt, list) else input_ids if input_ids else messages)
@@ -353,7 +353,7 @@ class Engine:
                              messages=messages[i] if messages else None, image_data=_as_image_list(per_images[i]),
                              video_data=_as_image_list(per_videos[i]),
                              sampling_params=dict(per_params[i] or {}), stream=stream, priority=per_priority[i],
-                             mm_processor_kwargs=image_kwargs, mm_kwargs_name=image_kwargs_name)
+                             mm_processor_kwargs=media_kwargs, mm_kwargs_name=media_kwargs_name)
             for i in range(n)
         ]
         return [c for o in objs for c in o.parallel_copies()], True

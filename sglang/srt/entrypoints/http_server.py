@@ -28,7 +28,7 @@ from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
 from sglang.srt.managers.field_policy import GENERATE_REFUSED, check_fields
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
-from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList, pick_dp_rank, pick_image_settings
+from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList, pick_dp_rank, pick_media_settings
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
     collect_until_disconnect,
@@ -385,7 +385,7 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
     if len(priorities) != n:
         raise GenerateError(f"a batch of {n} prompts needs priority as one integer or a list of {n}")
     try:
-        image_kwargs, image_kwargs_name = pick_image_settings(data.get("mm_processor_kwargs"), data.get("images_config"))
+        media_kwargs, media_kwargs_name = pick_media_settings(data.get("mm_processor_kwargs"), data.get("images_config"))
     except ValueError as e:
         raise GenerateError(str(e)) from None
     require_reasoning = _require_reasoning(data.get("require_reasoning"))
@@ -407,8 +407,8 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             rid=rids[i],
             created_time=created,
             priority=priorities[i],
-            mm_processor_kwargs=image_kwargs,
-            mm_kwargs_name=image_kwargs_name,
+            mm_processor_kwargs=media_kwargs,
+            mm_kwargs_name=media_kwargs_name,
             require_reasoning=require_reasoning,
             routed_dp_rank=routed_dp_rank,
         ))

@@ -109,7 +109,7 @@ class RequestBuilder:
                                     HostPolicy(tuple(server_args.allowed_media_domains or ()),
                                                server_args.allow_private_media_urls))
         # Only per-image work runs here: `build` itself runs in another pool and waits on this one.
-        self.image_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-img")
+        self.media_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-media")
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
         self.lanes = TokenizerLanes(self.tokenizer, self.context_length, envs.SGLANG_MAX_PROMPT_CHARS_PER_TOKEN.get())
         if self.processor is not None:
@@ -138,7 +138,7 @@ class RequestBuilder:
         return names
 
     def close(self) -> None:
-        self.image_pool.shutdown(wait=False, cancel_futures=True)
+        self.media_pool.shutdown(wait=False, cancel_futures=True)
         with self._unsent_lock:
             for names, _ in self.unsent_shm.values():
                 release_unsent(names)
@@ -166,8 +166,8 @@ class RequestBuilder:
                 messages, sources, video_sources = split_chat_media(obj.messages)
             except ValueError as e:
                 raise GenerateError(str(e)) from None
-            images = merge_image_sources(sources, images)
-            videos = merge_image_sources(video_sources, videos, "video")
+            images = merge_media_sources(sources, images)
+            videos = merge_media_sources(video_sources, videos, "video")
         limit = self.server_args.limit_mm_per_prompt
         if len(images) > limit:
             raise GenerateError(f"too many images: {len(images)} given, at most {limit} per prompt (--limit-mm-per-prompt)")
@@ -221,12 +221,12 @@ class RequestBuilder:
             timings: dict[str, float] = {}
             if self.processor is not None:
                 with self.stage_timer.measure(timings, "processor"):
-                    images = list(self.image_pool.map(self._fetch_if_url, req.images)) if req.images else []
-                    videos = list(self.image_pool.map(self._fetch_video_if_url, req.videos)) if req.videos else []
+                    images = list(self.media_pool.map(self._fetch_if_url, req.images)) if req.images else []
+                    videos = list(self.media_pool.map(self._fetch_video_if_url, req.videos)) if req.videos else []
                     extra = {"image_config": req.image_config} if req.image_config is not None else {}
                     if videos or req.video_config is not None:
                         extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)
-                    ids, mm = self.processor.process(ids, images, executor=self.image_pool, **extra)
+                    ids, mm = self.processor.process(ids, images, executor=self.media_pool, **extra)
                 mm_inputs = mm if images or videos else None
                 if videos and self.stage_timer.enabled:
                     for item in mm.mm_items:
@@ -238,7 +238,7 @@ class RequestBuilder:
                     # Still in the worker thread: the items hash in parallel on the image pool and
                     # are pickled with their hash and pad value; the scheduler only checks.
                     with self.stage_timer.measure(timings, "hash"):
-                        precompute_item_hashes(mm_inputs, self.hash_algo, self.image_pool)
+                        precompute_item_hashes(mm_inputs, self.hash_algo, self.media_pool)
                     self.stage_timer.emit(req.rid, timings, ("hash",))
         except GenerateError:
             raise
@@ -413,15 +413,16 @@ def check_priority(priority: Any, server_args: ServerArgs) -> int:
     return priority
 
 
-def merge_image_sources(sources: list[Any], image_data: list[Any], kind: str = "image") -> list[Any]:
-    """Fills the message image (or video) parts without a source (None) from image_data (video_data), in order."""
+def merge_media_sources(sources: list[Any], media_data: list[Any], kind: str = "image") -> list[Any]:
+    """Fills the message's `kind` parts (image or video) without a source (None) from `media_data`
+    (the request's image_data or video_data), in order."""
     n_open = sum(s is None for s in sources)
-    if n_open != len(image_data):
+    if n_open != len(media_data):
         raise GenerateError(
-            f"the messages have {n_open} {kind} part(s) without a source but {len(image_data)} {kind}_data "
+            f"the messages have {n_open} {kind} part(s) without a source but {len(media_data)} {kind}_data "
             "entries were given"
         )
-    supplied = iter(image_data)
+    supplied = iter(media_data)
     return [next(supplied) if s is None else s for s in sources]
 
 

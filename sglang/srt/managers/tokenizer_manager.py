@@ -90,7 +90,7 @@ class _ControlWait:
 
 
 class TokenizerManager:
-    grammar: GrammarValidator | None = None  # set in __init__
+    grammar_validator: GrammarValidator | None = None  # set in __init__
     dp_size = 1  # replicas answering each control request (set in __init__ from --dp-size)
 
     def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: SchedulerReady | None = None):
@@ -108,7 +108,7 @@ class TokenizerManager:
         self.metrics = ServingMetrics(server_args.served_model_name or self.model_path) if server_args.enable_metrics else None
         self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
         # constrained output: a request's grammar compiles here (worker thread, time limit) before it is sent
-        self.grammar = GrammarValidator(server_args, server_args.tokenizer_path or self.model_path,
+        self.grammar_validator = GrammarValidator(server_args, server_args.tokenizer_path or self.model_path,
                                         self.builder.vocab_size)
 
         self.rid_to_state: dict[str, _ReqState] = {}
@@ -170,8 +170,8 @@ class TokenizerManager:
             self._zmq_ctx.destroy(linger=0)
             self._zmq_ctx = None
         self._request_pool.shutdown(wait=False, cancel_futures=True)
-        if self.grammar is not None:
-            self.grammar.close()
+        if self.grammar_validator is not None:
+            self.grammar_validator.close()
         self.builder.close()
 
     def _spawn(self, coro) -> None:
@@ -255,8 +255,8 @@ class TokenizerManager:
         try:
             checked = self.builder.check(obj, rid)
             built = await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
-            if self.grammar is not None:  # after build's prompt-length checks: a refused prompt compiles nothing
-                await self.grammar.check(checked.sampling.grammar_key())  # does not compile (in time): 400
+            if self.grammar_validator is not None:  # after build's prompt-length checks: a refused prompt compiles nothing
+                await self.grammar_validator.check(checked.sampling.grammar_key())  # does not compile (in time): 400
             return built
         except BaseException as e:
             self._forget_preparing(rid)
@@ -500,7 +500,7 @@ class TokenizerManager:
         info = merge_server_infos([dict(o.info) for o in outs])
         info["shm_fallback_count"] = self.builder.shm_fallback_count
         info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
-        cache = self.grammar.cache if self.grammar is not None else None
+        cache = self.grammar_validator.cache if self.grammar_validator is not None else None
         info["grammar_check_cache"] = cache.stats() if cache is not None else None  # grammars checked before sending
         if getattr(self.builder, "ipc", None) is not None:
             info.update(self.builder.ipc.stats())

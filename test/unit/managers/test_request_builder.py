@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sglang.srt.managers.chat_messages import split_chat_media
 from sglang.srt.errors import GenerateError
-from sglang.srt.managers.request_builder import make_sampling_params, merge_image_sources
+from sglang.srt.managers.request_builder import make_sampling_params, merge_media_sources
 from sglang.srt.utils.text import partial_match_len
 
 
@@ -27,9 +27,9 @@ def test_split_chat_media_keeps_order_and_renders_image_parts():
     assert images == ["data:a", "data:b", None]
     assert out[1]["content"] == [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}, {"type": "image"}]
     assert msgs[1]["content"][0]["type"] == "image_url"  # the caller's messages are not modified
-    assert merge_image_sources(images, ["pil"]) == ["data:a", "data:b", "pil"]
+    assert merge_media_sources(images, ["pil"]) == ["data:a", "data:b", "pil"]
     with pytest.raises(GenerateError, match="1 image part"):
-        merge_image_sources(images, [])
+        merge_media_sources(images, [])
 
 
 @pytest.mark.parametrize("msgs, match", [

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 FinishReasonStr = Literal["stop", "length", "abort", "tool_calls"]
 
 
-def pick_image_settings(mm_processor_kwargs: Any, images_config: Any) -> tuple[Any, str]:
-    """A request's image processor settings and the field that carried them (vLLM's `mm_processor_kwargs`
-    or upstream's `images_config`; neither: None). Both at once is refused (ValueError)."""
+def pick_media_settings(mm_processor_kwargs: Any, images_config: Any) -> tuple[Any, str]:
+    """A request's processor settings for its images and videos, and the field that carried them (vLLM's
+    `mm_processor_kwargs` or upstream's `images_config`; neither: None). Both at once is refused (ValueError)."""
     if images_config is not None and mm_processor_kwargs is not None:
         raise ValueError("give the image settings in mm_processor_kwargs or images_config, not both")
     if images_config is not None:
@@ -157,10 +157,10 @@ class ChatCompletionRequest(_DataParallelRouted):
     def logprob_params(self) -> dict[str, Any]:
         return {"return_logprob": self.logprobs, "top_logprobs_num": self.top_logprobs or 0}
 
-    def image_kwargs(self) -> tuple[dict[str, Any] | None, str]:
+    def media_kwargs(self) -> tuple[dict[str, Any] | None, str]:
         """(settings, the field that carried them), media_io_kwargs' video settings joined in;
         unsupported() refuses what cannot be combined."""
-        kwargs, name = pick_image_settings(self.mm_processor_kwargs, self.images_config)
+        kwargs, name = pick_media_settings(self.mm_processor_kwargs, self.images_config)
         if self.media_io_kwargs is None:
             return kwargs, name
         return merge_media_io_kwargs(kwargs, name, self.media_io_kwargs)
@@ -170,7 +170,7 @@ class ChatCompletionRequest(_DataParallelRouted):
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs needs logprobs: true"
         try:
-            self.image_kwargs()
+            self.media_kwargs()
         except ValueError as e:
             return str(e)
         if self.continue_final_message and self.messages[-1].role != "assistant":

@@ -63,7 +63,7 @@ class OpenAIServingChat(OpenAIServingBase):
     # ------------------------------------------------------------------ request
     def _convert_to_internal_request(self, req: ChatCompletionRequest, created: float) -> GenerateReqInput:
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        image_kwargs, image_kwargs_name = req.image_kwargs()
+        media_kwargs, media_kwargs_name = req.media_kwargs()
         sampling = sampling_from_request(req, req.output_limit(), name)
         tools = self._tools_and_constraint(req, sampling)
         return GenerateReqInput(
@@ -75,8 +75,8 @@ class OpenAIServingChat(OpenAIServingBase):
             created_time=created,
             priority=req.priority,
             routed_dp_rank=req.dp_rank(),
-            mm_processor_kwargs=image_kwargs,
-            mm_kwargs_name=image_kwargs_name,
+            mm_processor_kwargs=media_kwargs,
+            mm_kwargs_name=media_kwargs_name,
             tools=tools,
             continue_final_message=req.continue_final_message,
         )

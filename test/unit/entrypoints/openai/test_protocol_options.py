@@ -12,10 +12,10 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 def test_chat_image_settings_come_from_either_field_never_both():
     req = ChatCompletionRequest.model_validate({"messages": MESSAGES, "images_config": {"max_pixels": 4096}})
-    assert req.image_kwargs() == ({"max_pixels": 4096}, "images_config") and req.unsupported() is None
+    assert req.media_kwargs() == ({"max_pixels": 4096}, "images_config") and req.unsupported() is None
     req = ChatCompletionRequest.model_validate({"messages": MESSAGES, "mm_processor_kwargs": {"min_pixels": 64}})
-    assert req.image_kwargs() == ({"min_pixels": 64}, "mm_processor_kwargs")
-    assert ChatCompletionRequest.model_validate({"messages": MESSAGES}).image_kwargs() == (None, "mm_processor_kwargs")
+    assert req.media_kwargs() == ({"min_pixels": 64}, "mm_processor_kwargs")
+    assert ChatCompletionRequest.model_validate({"messages": MESSAGES}).media_kwargs() == (None, "mm_processor_kwargs")
     both = ChatCompletionRequest.model_validate({"messages": MESSAGES, "images_config": {}, "mm_processor_kwargs": {}})
     assert "not both" in both.unsupported()
 
