@@ -4,6 +4,9 @@ Turns a `GenerateReqInput` into a `TokenizedGenerateReqInput` (chat template, to
 and preprocessing in worker threads, validation), sends it to scheduler rank 0 over ZMQ, and dispatches
 the `BatchStrOut`s coming back from the detokenizer to the waiting requests. It also watches the child
 processes: one dying makes the server unhealthy and fails every pending request with 503.
+
+Split by concern: the receive side and outputs in tokenizer_output_mixin.py, the control requests in
+tokenizer_communicator_mixin.py; preparing, sending, aborts, health and lifecycle stay here.
 """
 
 from __future__ import annotations
@@ -17,79 +20,29 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, AsyncIterator, Callable
 
 from sglang.srt.constrained.validation import GrammarValidator
-from sglang.srt.managers.stop_holdback import StopHoldback
-from sglang.srt.managers.io_struct import (
-    AbortReq,
-    BatchStrOut,
-    FinishReason,
-    FlushCacheReq,
-    FlushCacheReqOutput,
-    GenerateReqInput,
-    GetLoadReq,
-    GetLoadReqOutput,
-    GetServerInfoReq,
-    GetServerInfoReqOutput,
-    ProfileReq,
-    ProfileReqOutput,
-    SchedulerReady,
-    TokenizedGenerateReqInput,
-)
-from sglang.srt.managers.data_parallel_messages import (
-    merge_flush_replies,
-    merge_profile_replies,
-    merge_server_infos,
-    request_header,
-)
 from sglang.srt.errors import GenerateError, ServerUnhealthyError
+from sglang.srt.managers.data_parallel_messages import request_header
+from sglang.srt.managers.io_struct import AbortReq, FinishReason, GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.managers.request_builder import RequestBuilder, check_input_ids
+from sglang.srt.managers.stop_holdback import StopHoldback
+from sglang.srt.managers.tokenizer_communicator_mixin import TokenizerCommunicatorMixin, _ControlWait
+from sglang.srt.managers.tokenizer_output_mixin import TokenizerOutputMixin, _ReqState
 from sglang.srt.metrics.prometheus import ServingMetrics
-from sglang.srt.multimodal import deferred_decode
 from sglang.srt.multimodal.transport.cuda_ipc import release_unsent
 from sglang.srt.server_args import PortArgs, ServerArgs
-from sglang.srt.metrics.stage_timer import rounded
 
 __all__ = ["GenerateError", "ServerUnhealthyError", "TokenizerManager"]
 
 logger = logging.getLogger(__name__)
 
-CONTROL_TIMEOUT_S = 30.0
 UNSENT_SHM_MAX_AGE_S = 30.0
 
 
-@dataclass
-class _ReqState:
-    rid: str
-    stream: bool
-    holdback: StopHoldback | None  # streams hold back what may become a stop match (None with no_stop_trim)
-    created_time: float
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    meta_info: dict[str, Any] = field(default_factory=dict)
-    finished_reason: FinishReason | None = None
-    error: GenerateError | None = None
-    sent_text_len: int = 0
-    sent_ids_len: int = 0
-    stage_timings: dict[str, float] = field(default_factory=dict)  # measured in this process
-    logprob_text: bool = False  # logprob entries carry the token's text (return_text_in_logprobs)
-    last_output_time: float = 0.0
-
-
-@dataclass
-class _ControlWait:
-    """A control request in flight: one reply expected from every data-parallel replica."""
-
-    future: asyncio.Future
-    expected: int
-    replies: list = field(default_factory=list)
-
-
-class TokenizerManager:
+class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
     grammar_validator: GrammarValidator | None = None  # set in __init__
     dp_size = 1  # replicas answering each control request (set in __init__ from --dp-size)
 
@@ -327,34 +280,6 @@ class TokenizerManager:
             if self.rid_to_state.get(rid) is state:  # left early: client gone or cancelled
                 self._forget_and_abort(rid)
 
-    def _meta(self, state: _ReqState) -> dict[str, Any]:
-        meta = {"id": state.rid, **state.meta_info}
-        if state.stage_timings:
-            meta["stage_timings_ms"] = {**meta.get("stage_timings_ms", {}), **rounded(state.stage_timings)}
-        fr = state.finished_reason
-        meta["finish_reason"] = fr.to_json() if fr is not None else None
-        meta["e2e_latency"] = time.time() - state.created_time
-        return meta
-
-    def _stream_output(self, state: _ReqState) -> dict[str, Any] | None:
-        visible = len(state.text) - (state.holdback.length(state.text) if state.holdback is not None else 0)
-        if visible <= state.sent_text_len and len(state.output_ids) <= state.sent_ids_len:
-            return None
-        state.sent_text_len = max(visible, state.sent_text_len)
-        state.sent_ids_len = len(state.output_ids)
-        return {"text": state.text[: state.sent_text_len], "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
-
-    def _final_output(self, state: _ReqState) -> dict[str, Any]:
-        fr = state.finished_reason
-        # An abort with a status is an error (bad input, engine failure); one without is a request
-        # ended on purpose (`abort_request`): its output so far, with finish reason "abort".
-        if fr.type == "abort" and fr.status_code is not None:
-            status = fr.status_code
-            raise GenerateError(fr.message or "request aborted", status, "invalid_request_error" if status < 500 else "server_error")
-        cut = fr.stop_cut(state.text)
-        text = state.text if cut is None else state.text[:cut]
-        return {"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
-
     def abort_request(self, rid: str = "", abort_all: bool = False) -> int:
         """Ends running requests on purpose (`/abort_request`): `rid`, or every request with
         `abort_all`. The scheduler drops them (freeing their KV slots) and reports them finished with
@@ -378,71 +303,6 @@ class TokenizerManager:
         # Not awaited: this runs from cancelled tasks, where another await would be cancelled too.
         self._send_sock.send_pyobj(AbortReq(rid=rid, reason=reason)).add_done_callback(_log_send_failure)
 
-    # ------------------------------------------------------------------ receive
-    async def _handle_loop(self) -> None:
-        try:
-            while True:
-                msg = await self._recv_sock.recv_pyobj()
-                if isinstance(msg, BatchStrOut):
-                    self._handle_batch_str_out(msg)
-                elif isinstance(msg, (FlushCacheReqOutput, GetServerInfoReqOutput, ProfileReqOutput, GetLoadReqOutput)):
-                    self._resolve_control(msg)
-                else:
-                    logger.warning("tokenizer manager: ignoring unexpected message %s", type(msg).__name__)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            # Without this loop nothing is ever answered again: fail loudly instead of hanging.
-            logger.exception("tokenizer manager receive loop failed")
-            self.mark_dead(f"receive loop failed: {type(e).__name__}: {e}")
-
-    def _handle_batch_str_out(self, msg: BatchStrOut) -> None:
-        self.has_served = True
-        for i, rid in enumerate(msg.rids):
-            state = self.rid_to_state.get(rid)
-            if state is None:  # aborted or already failed
-                continue
-            state.text += msg.output_strs[i]
-            if self.metrics is not None:
-                self._observe(state, len(msg.new_token_ids[i]))
-            state.output_ids.extend(msg.new_token_ids[i])
-            if i < len(msg.meta_info) and msg.meta_info[i]:
-                meta = dict(msg.meta_info[i])
-                self._convert_logprobs(state, meta)
-                state.meta_info.update(meta)
-            state.meta_info["prompt_tokens"] = msg.prompt_tokens[i]
-            state.meta_info["completion_tokens"] = msg.completion_tokens[i]
-            state.meta_info["cached_tokens"] = msg.cached_tokens[i]
-            if msg.finished_reasons[i] is not None:
-                state.finished_reason = msg.finished_reasons[i]
-                del self.rid_to_state[rid]
-                if self.metrics is not None:
-                    meta = self._meta(state)
-                    self.metrics.observe_finished(meta["e2e_latency"], meta, state.finished_reason.type)
-            state.event.set()
-
-    def _convert_logprobs(self, state: _ReqState, meta: dict[str, Any]) -> None:
-        """The scheduler's (logprob, token id) pairs in upstream's layout, [logprob, token id, text or
-        None], in place in `meta`; output positions arrive as deltas and accumulate on `state`."""
-        if "output_token_logprobs_delta" not in meta and "input_token_logprobs" not in meta:
-            return  # every output message passes here; most ask for no logprobs
-
-        def entry(lp, tok):
-            return [lp, tok, self.tokenizer.decode([tok]) if state.logprob_text else None]
-
-        def alternatives(alts):
-            return None if alts is None else [entry(lp, tok) for lp, tok in alts]
-
-        if "output_token_logprobs_delta" in meta:
-            state.meta_info.setdefault("output_token_logprobs", []).extend(
-                entry(lp, tok) for lp, tok in meta.pop("output_token_logprobs_delta"))
-            state.meta_info.setdefault("output_top_logprobs", []).extend(
-                alternatives(alts) for alts in meta.pop("output_top_logprobs_delta"))
-        if "input_token_logprobs" in meta:
-            meta["input_token_logprobs"] = [entry(lp, tok) for lp, tok in meta["input_token_logprobs"]]
-        if "input_top_logprobs" in meta:
-            meta["input_top_logprobs"] = [alternatives(alts) for alts in meta["input_top_logprobs"]]
-
     async def _sweep_unsent_shm(self, max_age_s: float = UNSENT_SHM_MAX_AGE_S) -> None:
         """Unlinks the segments of prepared requests that were never sent (their caller went away
         between preparing and sending). Sent requests' segments are the schedulers' to unlink."""
@@ -452,23 +312,6 @@ class TokenizerManager:
             now = time.monotonic()
             for rid in [r for r, t in self._preparing.items() if now - t > max_age_s]:
                 self._forget_preparing(rid)  # prepared, never sent: its caller went away
-
-    def _observe(self, state: _ReqState, new_tokens: int) -> None:
-        now = time.time()
-        if not state.output_ids and new_tokens:
-            self.metrics.observe_first_token(now - state.created_time)
-        elif state.last_output_time:
-            self.metrics.observe_chunk(now - state.last_output_time, new_tokens)
-        state.last_output_time = now
-
-    async def render_metrics(self) -> str:
-        """Prometheus text; scheduler gauges are refreshed with a control call per scrape."""
-        if self.healthy:
-            try:
-                self.metrics.update_scheduler_state(await self.get_server_info(timeout=5.0))
-            except Exception as e:  # a slow scheduler must not break scraping
-                logger.warning("metrics: scheduler state unavailable: %s", e)
-        return self.metrics.render()
 
     # ------------------------------------------------------------------ tokenizer only
     async def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
@@ -488,64 +331,6 @@ class TokenizerManager:
             return [self.builder.lanes.decode(ids, skip_special_tokens) for ids in seqs]
 
         return await asyncio.get_running_loop().run_in_executor(self._request_pool, run)
-
-    # ------------------------------------------------------------------ control
-    async def flush_cache(self, timeout: float = CONTROL_TIMEOUT_S) -> FlushCacheReqOutput:
-        """Every replica flushes; success only when all of them did."""
-        return merge_flush_replies(await self._control_all(FlushCacheReq(), timeout))
-
-    async def get_server_info(self, timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
-        """The scheduler's figures (at --dp-size > 1: summed, each replica's under "replicas")."""
-        outs = await self._control_all(GetServerInfoReq(), timeout)
-        info = merge_server_infos([dict(o.info) for o in outs])
-        info["shm_fallback_count"] = self.builder.shm_fallback_count
-        info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
-        cache = self.grammar_validator.cache if self.grammar_validator is not None else None
-        info["grammar_check_cache"] = cache.stats() if cache is not None else None  # grammars checked before sending
-        if getattr(self.builder, "ipc", None) is not None:
-            info.update(self.builder.ipc.stats())
-        return info
-
-    async def profile(self, req: ProfileReq, timeout: float = CONTROL_TIMEOUT_S) -> ProfileReqOutput:
-        """Starts or stops the schedulers' torch profilers (a stop waits for the traces to be written)."""
-        return merge_profile_replies(await self._control_all(req, timeout))
-
-    async def get_load(self, timeout: float = CONTROL_TIMEOUT_S) -> list[dict[str, Any]]:
-        """Every replica's load (upstream's /get_load list), by dp_rank."""
-        outs = await self._control_all(GetLoadReq(), timeout)
-        return [{"dp_rank": o.dp_rank, "num_reqs": o.num_reqs, "num_waiting_reqs": o.num_waiting_reqs,
-                 "num_tokens": o.num_tokens} for o in sorted(outs, key=lambda o: o.dp_rank)]
-
-    async def _control_all(self, req: Any, timeout: float) -> list[Any]:
-        """Sends a control request and waits for the reply of every data-parallel replica (the
-        data-parallel controller hands control requests to all of them)."""
-        self._raise_if_unhealthy()
-        req.req_id = next(self._control_ids)
-        wait = _ControlWait(asyncio.get_running_loop().create_future(), self.dp_size)
-        self._control_waiters[req.req_id] = wait
-        await self._send_sock.send_pyobj(req)
-        try:
-            return await asyncio.wait_for(wait.future, timeout)
-        except asyncio.TimeoutError:
-            raise GenerateError(
-                f"the scheduler did not answer {type(req).__name__} within {timeout:g} s", 504, "timeout"
-            ) from None
-        finally:
-            self._control_waiters.pop(req.req_id, None)
-
-    def _resolve_control(self, msg: Any) -> None:
-        """The waiter with the reply's id gets it once every replica answered; a reply whose waiter gave
-        up (timed out) is dropped, so it can never answer a later request."""
-        wait = self._control_waiters.get(msg.req_id)
-        if wait is None:
-            logger.debug("dropping a late %s (request %d timed out)", type(msg).__name__, msg.req_id)
-            return
-        wait.replies.append(msg)
-        if len(wait.replies) >= wait.expected:
-            self._control_waiters.pop(msg.req_id, None)
-            if not wait.future.done():
-                wait.future.set_result(wait.replies)
-
 
 def _log_send_failure(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:
