@@ -27,7 +27,8 @@ from sglang.srt.constrained.validation import GrammarValidator
 from sglang.srt.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.data_parallel_messages import request_header
 from sglang.srt.managers.io_struct import AbortReq, FinishReason, GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
-from sglang.srt.managers.request_builder import RequestBuilder, check_input_ids
+from sglang.srt.managers.request_builder import RequestBuilder
+from sglang.srt.managers.request_validation import check_input_ids
 from sglang.srt.managers.stop_holdback import StopHoldback
 from sglang.srt.managers.tokenizer_communicator_mixin import TokenizerCommunicatorMixin, _ControlWait
 from sglang.srt.managers.tokenizer_output_mixin import TokenizerOutputMixin, _ReqState

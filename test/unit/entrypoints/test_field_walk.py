@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from sglang.srt.managers.field_policy import UNRECOGNIZED
-from sglang.srt.entrypoints.http_server import native_requests
+from sglang.srt.entrypoints.native_generate import native_requests
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.errors import GenerateError
-from sglang.srt.managers.request_builder import make_sampling_params
+from sglang.srt.managers.request_validation import make_sampling_params
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 SCHEMA = '{"type": "object"}'

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import orjson
 
-from sglang.srt.entrypoints.http_server import native_requests
+from sglang.srt.entrypoints.native_generate import native_requests
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 

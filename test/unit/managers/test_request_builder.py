@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sglang.srt.managers.chat_messages import split_chat_media
 from sglang.srt.errors import GenerateError
-from sglang.srt.managers.request_builder import make_sampling_params, merge_media_sources
+from sglang.srt.managers.request_validation import make_sampling_params, merge_media_sources
 from sglang.srt.utils.text import partial_match_len
 
 

@@ -9,7 +9,8 @@ from PIL import Image
 
 from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.request_builder import RequestBuilder, check_priority
+from sglang.srt.managers.request_builder import RequestBuilder
+from sglang.srt.managers.request_validation import check_priority
 from sglang.srt.server_args import ServerArgs
 
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"

@@ -11,7 +11,7 @@ import pytest
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import sampling_from_request
 from sglang.srt.errors import GenerateError
-from sglang.srt.managers.request_builder import make_sampling_params
+from sglang.srt.managers.request_validation import make_sampling_params
 
 MSG = [{"role": "user", "content": "hi"}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
