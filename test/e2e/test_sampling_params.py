@@ -245,3 +245,21 @@ def test_bad_stop_regex_is_a_400_naming_it(server):
         assert r.status_code == 400 and "stop_regex" in r.json()["error"]["message"], r.text
     assert requests.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}},
                          timeout=30).status_code == 200
+
+
+def test_n_samples_of_an_image_prompt_share_one_build_and_leave_no_shared_memory(client, server):
+    """The image is decoded and written to shared memory once; each sample carries hard-linked names
+    of its own (sampling seed + i), and every name is unlinked once all samples were received."""
+    from conftest import data_url, noise_image, png_bytes, shm_sglang_entries
+
+    def own():  # this server's segments (its port leads their names)
+        return {n for n in shm_sglang_entries() if n.startswith(f"sglang_mm_{server.port}_")}
+
+    msg = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png_bytes(noise_image(64, 48, 5)))}},
+                                        {"type": "text", "text": "Describe it."}]}]
+    resp = client.chat.completions.create(model="default", messages=msg, n=3, max_tokens=6, temperature=1.0, seed=11)
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    for i in (1, 2):  # sample i is the single request with seed + i
+        single = client.chat.completions.create(model="default", messages=msg, max_tokens=6, temperature=1.0, seed=11 + i)
+        assert resp.choices[i].message.content == single.choices[0].message.content
+    wait_until(lambda: not own(), 10, what="every sample's shared memory unlinked")

@@ -26,7 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 from sglang.version import __version__
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
-from sglang.srt.entrypoints.native_generate import native_requests
+from sglang.srt.entrypoints.native_generate import native_request_groups
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_base import (
@@ -275,12 +275,12 @@ def create_app(
     async def generate(request: Request) -> Response:
         created = time.time()
         try:
-            objs, batch = native_requests(parse_json_body(await request.body()), created)
-            prepared = [await tm.tokenize_request(obj) for obj in objs]
+            groups, batch = native_request_groups(parse_json_body(await request.body()), created)
+            prepared = await tm.tokenize_requests(groups)  # a prompt built once for its n samples, prompts concurrently
         except GenerateError as e:
             return error_response(e)
         streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
-        if objs[0].stream:
+        if groups[0][0].stream:
             events = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))
             return StreamingResponse(sse_stream(events), media_type="text/event-stream")
         try:

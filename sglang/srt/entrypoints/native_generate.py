@@ -28,7 +28,14 @@ def _require_reasoning(value: Any) -> bool:
 
 
 def native_requests(data: dict[str, Any], created: float) -> tuple[list[GenerateReqInput], bool]:
-    """The native /generate body -> one GenerateReqInput per prompt, and whether it was a batch."""
+    """The native /generate body -> one GenerateReqInput per prompt and sample, and whether it was a batch."""
+    groups, batch = native_request_groups(data, created)
+    return [c for g in groups for c in g], batch
+
+
+def native_request_groups(data: dict[str, Any], created: float) -> tuple[list[list[GenerateReqInput]], bool]:
+    """The native /generate body -> per prompt, its samples (`sampling_params.n` GenerateReqInputs), and
+    whether the answer is a list (a batch, or n > 1)."""
     problem = check_fields(data, NATIVE_FIELDS, GENERATE_REFUSED)
     if problem:
         raise GenerateError(problem)
@@ -91,10 +98,10 @@ def native_requests(data: dict[str, Any], created: float) -> tuple[list[Generate
             routed_dp_rank=routed_dp_rank,
         ))
     try:
-        expanded = [c for o in objs for c in o.parallel_copies()]
+        groups = [o.parallel_copies() for o in objs]
     except ValueError as e:
         raise GenerateError(str(e)) from None
-    return expanded, batch or len(expanded) > len(objs)
+    return groups, batch or any(len(g) > 1 for g in groups)
 
 
 def _per_prompt_videos(videos: Any, batch: bool, n: int) -> list[list[Any]]:

@@ -33,6 +33,7 @@ from sglang.srt.parser.reasoning_parser import prompt_opens_reasoning, reasoning
 from sglang.srt.multimodal.transport.shm import (
     ShmSpaceError,
     cleanup_own_segments,
+    link_mm_items,
     mm_items_to_shm,
     segment_prefix,
 )
@@ -276,6 +277,32 @@ class RequestBuilder:
             with self._unsent_lock:
                 self.unsent_shm[req.rid] = (names, time.monotonic())
         return tokenized, payload
+
+    def can_clone(self, tokenized: TokenizedGenerateReqInput) -> bool:
+        """Whether `clone` may copy this built request: not when its features sit in the CUDA IPC pool
+        (a pool slice has one owner; such copies are built again)."""
+        return self.ipc is None or tokenized.mm_inputs is None
+
+    def clone(self, tokenized: TokenizedGenerateReqInput, payload: bytes, rid: str,
+              seed: int | None) -> tuple[TokenizedGenerateReqInput, bytes]:
+        """Another sample of a built request (`n` > 1): the same prompt, media and parameters under its
+        own rid and seed, without fetching, decoding, hashing or writing the media again. Shared-memory
+        pixels get hard-linked names of their own (`link_mm_items`), registered as unsent like `build`'s.
+        Runs in a worker thread (the unpickle and pickle)."""
+        copy = pickle.loads(payload)  # a deep copy; shared-memory pointers travel as metadata only
+        copy.rid = rid
+        copy.sampling_params.seed = seed
+        names = link_mm_items(copy.mm_inputs, self.shm_prefix) if copy.mm_inputs is not None and self.shm_prefix else []
+        copy.send_time = time.time()
+        try:
+            out = pickle.dumps(copy, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            release_unsent(names)
+            raise
+        if names:
+            with self._unsent_lock:
+                self.unsent_shm[rid] = (names, time.monotonic())
+        return copy, out
 
     def _check_length(self, prompt_len: int) -> None:
         if prompt_len == 0:

@@ -219,6 +219,56 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
                 self._raise_if_unhealthy()  # shut down under it (pool cancelled): 503, not a 500
             raise
 
+    async def tokenize_requests(
+        self, groups: list[list[GenerateReqInput]]
+    ) -> list[tuple[TokenizedGenerateReqInput, bytes]]:
+        """Prepares a batch: each group is one prompt's `n` samples (`GenerateReqInput.parallel_copies`).
+        A group's first sample is built (template, tokens, media fetched, decoded, hashed and written to
+        shared memory once) and the others are cloned from it with their own rid and seed; the groups
+        build concurrently. Returns every sample in group order. A problem with any prompt raises that of
+        the first failing prompt, after whatever the others prepared is released (nothing is sent)."""
+        results = await asyncio.gather(*(self._tokenize_copies(g) for g in groups), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            for r in results:
+                if not isinstance(r, BaseException):
+                    for tokenized, _ in r:
+                        self.discard_prepared(tokenized.rid)
+            raise failed
+        return [p for r in results for p in r]
+
+    async def _tokenize_copies(self, copies: list[GenerateReqInput]) -> list[tuple[TokenizedGenerateReqInput, bytes]]:
+        first, payload = await self.tokenize_request(copies[0])
+        out = [(first, payload)]
+        try:
+            for copy in copies[1:]:
+                if not self.builder.can_clone(first):
+                    out.append(await self.tokenize_request(copy))
+                    continue
+                self._raise_if_unhealthy()
+                rid = copy.rid or uuid.uuid4().hex
+                if rid in self.rid_to_state or rid in self._preparing:
+                    raise GenerateError(f"request id {rid!r} is already in use")
+                self._preparing[rid] = time.monotonic()
+                params = copy.sampling_params or {}
+                seed = params.get("seed") if params.get("seed") is not None else params.get("sampling_seed")
+                try:
+                    out.append(await asyncio.get_running_loop().run_in_executor(
+                        self._request_pool, self.builder.clone, first, payload, rid, seed))
+                except BaseException:
+                    self.discard_prepared(rid)
+                    raise
+        except BaseException:
+            for tokenized, _ in out:
+                self.discard_prepared(tokenized.rid)
+            raise
+        return out
+
+    def discard_prepared(self, rid: str) -> None:
+        """A prepared request that will not be sent: forget it and release its shared memory."""
+        self._forget_preparing(rid)
+        release_unsent(self.builder.take_unsent_shm(rid))
+
     def _forget_preparing(self, rid: str) -> bool:
         """Ends `rid`'s preparing phase; True when an abort_request arrived during it."""
         self._preparing.pop(rid, None)

@@ -35,6 +35,9 @@ class FakeTM:
         self.requests.append(obj)
         return SimpleNamespace(rid=obj.rid or "r1"), b""
 
+    async def tokenize_requests(self, groups):
+        return [await self.tokenize_request(obj) for g in groups for obj in g]
+
     async def generate_tokenized(self, tokenized, payload=None):
         try:
             for out in self.script:

@@ -237,10 +237,11 @@ class OpenAIServingBase:
         try:
             req = self._parse(await request.body())
             try:
-                copies = [c for obj in self._convert_to_internal_requests(req, created) for c in obj.parallel_copies()]
+                groups = [obj.parallel_copies() for obj in self._convert_to_internal_requests(req, created)]
             except ValueError as e:
                 raise GenerateError(str(e)) from None
-            prepared = [await tm.tokenize_request(c) for c in copies]
+            # each prompt built once (its other samples cloned from it), the prompts concurrently
+            prepared = await tm.tokenize_requests(groups)
         except GenerateError as e:
             return error_response(e)
         streams = [tm.generate_tokenized(t, p) for t, p in prepared]

@@ -177,6 +177,38 @@ def mm_items_to_shm(mm_inputs, prefix: str) -> list[str]:
     return swap_tensor_features(mm_inputs, to_segment, unlink_segments)
 
 
+def link_mm_items(mm_inputs, prefix: str) -> list[str]:
+    """Gives every shared-memory pointer of `mm_inputs` (a copy of a request's inputs, for another request
+    with the same prompt: `n` > 1) a name of its own: a hard link to the same segment, so no pixel is
+    written twice. Each name still has exactly one owner (the request that carries it) and is unlinked
+    exactly once by the usual path; the pages go when the last name and the last mapping are gone.
+    Returns the new names; all or nothing, as `mm_items_to_shm`."""
+    def to_link(feature):
+        if not isinstance(feature, ShmPointerMMData):
+            return None
+        name = f"{prefix}{uuid.uuid4().hex}"
+        os.link(os.path.join(SHM_DIR, feature.name), os.path.join(SHM_DIR, name))
+        return ShmPointerMMData(name, feature.shape, feature.dtype, feature.offset, feature.nbytes), name
+
+    names: list[str] = []
+    linked: list[tuple[object, ShmPointerMMData]] = []
+    try:
+        for item in mm_inputs.mm_items:
+            swapped = to_link(item.feature)
+            if swapped is None:
+                continue
+            ptr, name = swapped
+            names.append(name)
+            linked.append((item, item.feature))
+            item.feature = ptr
+    except BaseException:
+        for item, ptr in linked:
+            item.feature = ptr
+        unlink_segments(names)
+        raise
+    return names
+
+
 def materialize_mm_features(msgs: list) -> list[str]:
     """After the TP broadcast, on every rank: maps each pointer of the received requests; returns the
     segment names (rank 0 unlinks them once all ranks have mapped them)."""

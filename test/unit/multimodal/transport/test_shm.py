@@ -67,3 +67,51 @@ def test_real_small_tmpfs_raises_instead_of_sigbus():
                         sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # a SIGBUS would be -7
     assert r.stdout.startswith(f"fallback {errno.ENOSPC} []"), r.stdout
+
+
+def test_linked_copies_own_their_names_and_share_the_pages():
+    """`n` samples of one prompt: each copy gets a hard-linked name of its own, so each name is unlinked
+    exactly once by whoever receives it, and the pixels stay readable until the last name and mapping go."""
+    import pickle
+
+    from sglang.srt.multimodal.transport.shm import link_mm_items, materialize_mm_features, unlink_segments
+
+    prefix = segment_prefix(1, pid=os.getpid()) + "link_"
+    mm = _inputs(8, 5)
+    first = mm_items_to_shm(mm, prefix)
+    copy = pickle.loads(pickle.dumps(mm))
+    linked = link_mm_items(copy, prefix)
+    assert len(linked) == 2 and not set(linked) & set(first)
+    assert sorted(_own(prefix)) == sorted(first + linked)
+    unlink_segments(first)  # the first sample arrived and was unlinked: the copy still maps its own names
+    msg = type("Msg", (), {"mm_inputs": copy})()
+    assert materialize_mm_features([msg]) == linked
+    assert torch.equal(copy.mm_items[0].feature, torch.arange(8, dtype=torch.float32))
+    unlink_segments(linked)
+    assert _own(prefix) == []
+
+
+def test_a_failed_link_leaves_no_new_name(monkeypatch):
+    import pickle
+
+    from sglang.srt.multimodal.transport.shm import link_mm_items, unlink_segments
+
+    prefix = segment_prefix(1, pid=os.getpid()) + "linkfail_"
+    mm = _inputs(4, 4)
+    first = mm_items_to_shm(mm, prefix)
+    copy = pickle.loads(pickle.dumps(mm))
+    calls = []
+    real_link = os.link
+
+    def link_once(src, dst):
+        if calls:
+            raise OSError(errno.EMLINK, "too many links")
+        calls.append(dst)
+        real_link(src, dst)
+
+    monkeypatch.setattr(shm.os, "link", link_once)
+    with pytest.raises(OSError):
+        link_mm_items(copy, prefix)
+    assert sorted(_own(prefix)) == sorted(first)  # the one link made was removed again
+    assert [i.feature.name for i in copy.mm_items] == first  # the copy keeps the pointers it had
+    unlink_segments(first)
