@@ -30,9 +30,10 @@ OTHER_RANK_FAILED = "the grammar failed to compile on another tensor-parallel ra
 
 
 class GrammarQueue:
-    def __init__(self, server_args, tokenizer_path: str, vocab_size: int, eos_ids, tp, backend=None,
+    def __init__(self, server_args, tokenizer, vocab_size: int, eos_ids, tp, backend=None,
                  max_entries: int = SCHEDULER_CACHE_ENTRIES):
-        self.backend = backend or XGrammarBackend(tokenizer_path, vocab_size, sorted(eos_ids),
+        # `tokenizer`: the scheduler's own (a callable loading it once per process), or a path
+        self.backend = backend or XGrammarBackend(tokenizer, vocab_size, sorted(eos_ids),
                                                   JsonOptions.from_server_args(server_args))
         self.cache = GrammarCache(self.backend.compile, max_entries, threads=SCHEDULER_COMPILE_PLACES,
                                   name="sglang-sched-grammar", max_bytes=int(envs.SGLANG_GRAMMAR_CACHE_MB.get() * (1 << 20)),

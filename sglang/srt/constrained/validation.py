@@ -22,13 +22,14 @@ EMPTY_LANGUAGE = "admits no output at all (a schema that only refers to itself, 
 
 
 class GrammarValidator:
-    def __init__(self, server_args, tokenizer_path: str, vocab_size: int, backend=None,
+    def __init__(self, server_args, tokenizer, vocab_size: int, backend=None,
                  timeout_s: float | None = None):
         self.backend_name = server_args.grammar_backend
         self.timeout_s = envs.SGLANG_GRAMMAR_COMPILE_TIMEOUT_S.get() if timeout_s is None else timeout_s
         self.cache = None
         if self.backend_name != "none":
-            self.backend = backend or XGrammarBackend(tokenizer_path, vocab_size,
+            # the tokenizer manager's own tokenizer (or a path): xgrammar's vocabulary view is built from it
+            self.backend = backend or XGrammarBackend(tokenizer, vocab_size,
                                                       json_options=JsonOptions.from_server_args(server_args))
             self.cache = GrammarCache(self._verdict, VALIDATION_CACHE_ENTRIES, threads=CHECK_PLACES,
                                       name="sglang-grammar-check", timeout_s=self.timeout_s,

@@ -33,8 +33,9 @@ class JsonOptions:
 
 
 class XGrammarBackend:
-    """Compiles grammar keys against one tokenizer. `tokenizer` is a loaded HF tokenizer, or a path
-    (loaded on first use, in the compiling thread). `vocab_size` is the model's (its logits' width);
+    """Compiles grammar keys against one tokenizer. `tokenizer` is a loaded HF tokenizer, a callable
+    returning the process's own (so one process loads one tokenizer, not one per user of it), or a
+    path (loaded on first use, in the compiling thread). `vocab_size` is the model's (its logits' width);
     `stop_token_ids` end a completed grammar (the model's EOS ids)."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int] | None = None,
@@ -60,6 +61,8 @@ class XGrammarBackend:
             import xgrammar as xg
 
             tok = self._tokenizer
+            if callable(tok) and not hasattr(tok, "get_vocab"):
+                tok = tok()
             if isinstance(tok, (str, os.PathLike)):
                 from transformers import AutoTokenizer
 

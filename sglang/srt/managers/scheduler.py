@@ -83,7 +83,9 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
         # constrained requests wait here (no KV held) while their grammar compiles; None: --grammar-backend none
         self.grammar_queue = None
         if server_args.grammar_backend != "none":
-            self.grammar_queue = GrammarQueue(server_args, self._tokenizer_path, self.worker.vocab_size,
+            # the scheduler's tokenizer, loaded once per process by whichever needs it first (stop strings,
+            # or the grammar compile thread building xgrammar's vocabulary view)
+            self.grammar_queue = GrammarQueue(server_args, lambda: self.tokenizer, self.worker.vocab_size,
                                               self.eos_ids, tp)
 
         self.recv_socket = self.send_socket = self.load_socket = None

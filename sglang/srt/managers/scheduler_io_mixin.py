@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 
 import zmq
@@ -34,6 +35,8 @@ from sglang.srt.multimodal.transport.shm import materialize_mm_features, unlink_
 
 logger = logging.getLogger(__name__)
 
+_TOKENIZER_LOAD_LOCK = threading.Lock()  # one HF tokenizer load per process
+
 
 class SchedulerIOMixin:
     _profiler: SchedulerProfiler | None = None  # made by the first ProfileReq
@@ -47,10 +50,14 @@ class SchedulerIOMixin:
     # ------------------------------------------------------------------ input
     @property
     def tokenizer(self):
+        """Loaded once per process on first use: from the loop (stop strings) or the grammar compile
+        thread (xgrammar's vocabulary view), hence the lock around the load."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
+            with _TOKENIZER_LOAD_LOCK:
+                if self._tokenizer is None:
+                    from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+                    self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
         return self._tokenizer
 
     def is_idle(self) -> bool:

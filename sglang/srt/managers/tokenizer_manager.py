@@ -62,7 +62,8 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
         self.metrics = ServingMetrics(server_args.served_model_name or self.model_path) if server_args.enable_metrics else None
         self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
         # constrained output: a request's grammar compiles here (worker thread, time limit) before it is sent
-        self.grammar_validator = GrammarValidator(server_args, server_args.tokenizer_path or self.model_path,
+        # (with the tokenizer the builder loaded: one per process)
+        self.grammar_validator = GrammarValidator(server_args, self.builder.tokenizer,
                                         self.builder.vocab_size)
 
         self.rid_to_state: dict[str, _ReqState] = {}
