@@ -9,6 +9,9 @@ Lifecycle, without the upstream failure modes:
 - once every rank has mapped the request's segments (a barrier on the CPU group at TP > 1), rank 0
   unlinks their names, exactly once. Mappings outlive the name, so no rank ever finds a segment
   missing, and memory is freed when the last mapping goes;
+- the other samples of a prompt (`n` > 1) get hard links to the same segments under names of their own
+  (`link_mm_items`): every name has one owner (its request) and goes through this lifecycle alone, and
+  the pages are freed with the last name and the last mapping;
 - a request that fails before reaching the scheduler unlinks its segments where it fails; a crash
   leaves names with this server's prefix, removed by `cleanup_stale_segments` at the next start;
 - a segment's pages are reserved with posix_fallocate before anything is written through the
