@@ -173,9 +173,16 @@ def _text_specs(p: ModelPreset) -> list[TensorSpec]:
         if qwen3:
             specs += _norm(f"{b}.self_attn.q_norm", hd, False)
             specs += _norm(f"{b}.self_attn.k_norm", hd, False)
-        specs += _linear(f"{b}.mlp.gate_proj", t.intermediate_size, h, False)
-        specs += _linear(f"{b}.mlp.up_proj", t.intermediate_size, h, False)
-        specs += _linear(f"{b}.mlp.down_proj", h, t.intermediate_size, False)
+        if t.moe is not None and t.moe.is_sparse_layer(i):
+            # Qwen3-VL-MoE's released layout: fused experts, [E, in, out] (transformers transposes on load)
+            e, inter = t.moe.num_experts, t.moe.moe_intermediate_size
+            specs.append(TensorSpec(f"{b}.mlp.gate.weight", (e, h), WEIGHT))
+            specs.append(TensorSpec(f"{b}.mlp.experts.gate_up_proj", (e, h, 2 * inter), WEIGHT))
+            specs.append(TensorSpec(f"{b}.mlp.experts.down_proj", (e, inter, h), WEIGHT))
+        else:
+            specs += _linear(f"{b}.mlp.gate_proj", t.intermediate_size, h, False)
+            specs += _linear(f"{b}.mlp.up_proj", t.intermediate_size, h, False)
+            specs += _linear(f"{b}.mlp.down_proj", h, t.intermediate_size, False)
         specs += _norm(f"{b}.input_layernorm", h, False)
         specs += _norm(f"{b}.post_attention_layernorm", h, False)
     specs += _norm(f"{pre}.norm", h, False)

@@ -28,7 +28,10 @@ def _canonical(obj) -> bytes:
 
 def preset_digest(preset) -> str:
     """sha256 of the preset's full definition (shapes, init scheme, ...), not just its name."""
-    return hashlib.sha256(_canonical(dataclasses.asdict(preset))).hexdigest()[:16]
+    d = dataclasses.asdict(preset)
+    if d.get("text", {}).get("moe", 0) is None:
+        del d["text"]["moe"]  # dense presets keep the digest they had before MoE presets existed
+    return hashlib.sha256(_canonical(d)).hexdigest()[:16]
 
 
 def _sha256(path: Path) -> str:

@@ -2,7 +2,8 @@
 
 Two families are covered, with the Hugging Face layout that transformers 5.x writes:
 
-* ``qwen3_vl``  (``Qwen3VLForConditionalGeneration``)
+* ``qwen3_vl``  (``Qwen3VLForConditionalGeneration``; with ``TextPreset.moe`` set,
+  ``Qwen3VLMoeForConditionalGeneration``, model_type ``qwen3_vl_moe``, experts in the released fused layout)
 * ``qwen2_5_vl`` (``Qwen2_5_VLForConditionalGeneration``)
 
 Tiny presets (``qwen3-vl-tiny``, ``qwen2.5-vl-tiny``) are for fast CPU tests; the others are
@@ -28,7 +29,9 @@ PAD_TOKEN_ID = 151643
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-_ARCH = {QWEN3_VL: "Qwen3VLForConditionalGeneration", QWEN2_5_VL: "Qwen2_5_VLForConditionalGeneration"}
+QWEN3_VL_MOE = "qwen3_vl_moe"  # a model_type of the qwen3_vl family (same tokenizer, vision tower)
+_ARCH = {QWEN3_VL: "Qwen3VLForConditionalGeneration", QWEN2_5_VL: "Qwen2_5_VLForConditionalGeneration",
+         QWEN3_VL_MOE: "Qwen3VLMoeForConditionalGeneration"}
 _PROCESSOR_CLASS = {QWEN3_VL: "Qwen3VLProcessor", QWEN2_5_VL: "Qwen2_5_VLProcessor"}
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -56,6 +59,22 @@ class VisionPreset:
 
 
 @dataclass(frozen=True)
+class MoEPreset:
+    """Sparse MLPs (Qwen3-VL-MoE). Experts are written fused, as released: ``mlp.experts.gate_up_proj``
+    [E, hidden, 2*inter] (gate columns, then up) and ``mlp.experts.down_proj`` [E, inter, hidden]."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        return layer_id not in self.mlp_only_layers and (layer_id + 1) % self.decoder_sparse_step == 0
+
+
+@dataclass(frozen=True)
 class TextPreset:
     hidden_size: int
     intermediate_size: int
@@ -70,6 +89,7 @@ class TextPreset:
     max_position_embeddings: int
     rms_norm_eps: float = 1e-6
     hidden_act: str = "silu"
+    moe: MoEPreset | None = None
 
 
 @dataclass(frozen=True)
@@ -100,11 +120,11 @@ class ModelPreset:
 
     @property
     def model_type(self) -> str:
-        return self.family
+        return QWEN3_VL_MOE if self.text.moe is not None else self.family
 
     @property
     def architecture(self) -> str:
-        return _ARCH[self.family]
+        return _ARCH[self.model_type]
 
     @property
     def is_qwen3(self) -> bool:
@@ -125,7 +145,7 @@ def _qwen3_vision(depth, hidden, inter, out_hidden, deepstack, num_pos=2304) -> 
     )
 
 
-def _qwen3_text(hidden, inter, layers, heads, kv_heads) -> TextPreset:
+def _qwen3_text(hidden, inter, layers, heads, kv_heads, moe: MoEPreset | None = None) -> TextPreset:
     return TextPreset(
         hidden_size=hidden,
         intermediate_size=inter,
@@ -138,6 +158,7 @@ def _qwen3_text(hidden, inter, layers, heads, kv_heads) -> TextPreset:
         mrope_section=(24, 20, 20),
         mrope_interleaved=True,
         max_position_embeddings=262144,
+        moe=moe,
     )
 
 
@@ -227,6 +248,28 @@ _register(
 
 _register(
     ModelPreset(
+        name="qwen3-vl-moe-tiny",
+        family=QWEN3_VL,
+        vision=PRESETS["qwen3-vl-tiny"].vision,
+        text=replace(
+            PRESETS["qwen3-vl-tiny"].text,
+            num_hidden_layers=4,
+            # 2*48 != 64 and 48 != 64: the released and transformers' expert layouts differ in shape
+            moe=MoEPreset(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, mlp_only_layers=(2,)),
+        ),
+        tie_word_embeddings=True,
+        default_dtype="float32",
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+        min_pixels=4 * 32 * 32,
+        max_pixels=512 * 512,
+        init=_TINY_INIT,
+        tiny=True,
+    )
+)
+
+_register(
+    ModelPreset(
         name="qwen2.5-vl-tiny",
         family=QWEN2_5_VL,
         vision=VisionPreset(
@@ -293,6 +336,29 @@ _register(
         family=QWEN3_VL,
         vision=_qwen3_vision(27, 1152, 4304, 4096, (8, 16, 24)),
         text=_qwen3_text(4096, 12288, 36, 32, 8),
+        tie_word_embeddings=False,
+        default_dtype="bfloat16",
+        **_QWEN3_PIXELS,
+    )
+)
+# Qwen3-VL-MoE: 128 experts, 8 active, the Qwen3-VL-8B vision tower (out_hidden = text hidden)
+_register(
+    ModelPreset(
+        name="qwen3-vl-30b-a3b",
+        family=QWEN3_VL,
+        vision=_qwen3_vision(27, 1152, 4304, 2048, (8, 16, 24)),
+        text=_qwen3_text(2048, 6144, 48, 32, 4, MoEPreset(128, 8, 768)),
+        tie_word_embeddings=False,
+        default_dtype="bfloat16",
+        **_QWEN3_PIXELS,
+    )
+)
+_register(
+    ModelPreset(
+        name="qwen3-vl-235b-a22b",
+        family=QWEN3_VL,
+        vision=_qwen3_vision(27, 1152, 4304, 4096, (8, 16, 24)),
+        text=_qwen3_text(4096, 12288, 94, 64, 4, MoEPreset(128, 8, 1536)),
         tie_word_embeddings=False,
         default_dtype="bfloat16",
         **_QWEN3_PIXELS,
@@ -405,6 +471,17 @@ def build_text_config(preset: ModelPreset, dtype: str) -> dict:
             sliding_window=None,
             use_sliding_window=False,
         )
+    if t.moe is not None:
+        m = t.moe
+        cfg.update(
+            model_type="qwen3_vl_moe_text",
+            decoder_sparse_step=m.decoder_sparse_step,
+            mlp_only_layers=list(m.mlp_only_layers),
+            moe_intermediate_size=m.moe_intermediate_size,
+            norm_topk_prob=m.norm_topk_prob,
+            num_experts=m.num_experts,
+            num_experts_per_tok=m.num_experts_per_tok,
+        )
     return dict(sorted(cfg.items()))
 
 
@@ -426,7 +503,7 @@ def build_vision_config(preset: ModelPreset) -> dict:
     }
     if preset.is_qwen3:
         cfg.update(
-            model_type="qwen3_vl_vision",
+            model_type="qwen3_vl_moe_vision" if preset.text.moe is not None else "qwen3_vl_vision",
             deepstack_visual_indexes=list(v.deepstack_visual_indexes),
             num_position_embeddings=v.num_position_embeddings,
         )

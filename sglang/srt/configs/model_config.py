@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 QWEN3_VL_ARCH = "Qwen3VLForConditionalGeneration"
+QWEN3_VL_MOE_ARCH = "Qwen3VLMoeForConditionalGeneration"
 QWEN2_5_VL_ARCH = "Qwen2_5_VLForConditionalGeneration"
-_MODEL_TYPE_TO_ARCH = {"qwen3_vl": QWEN3_VL_ARCH, "qwen2_5_vl": QWEN2_5_VL_ARCH}
+_MODEL_TYPE_TO_ARCH = {"qwen3_vl": QWEN3_VL_ARCH, "qwen3_vl_moe": QWEN3_VL_MOE_ARCH, "qwen2_5_vl": QWEN2_5_VL_ARCH}
+_ARCH_TO_MODEL_TYPE = {arch: model_type for model_type, arch in _MODEL_TYPE_TO_ARCH.items()}
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,22 @@ class VisionConfig:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """The sparse MLP of a MoE text decoder (Qwen3-VL-MoE field names)."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """A layer gets experts unless listed in mlp_only_layers or off the decoder_sparse_step grid."""
+        return layer_id not in self.mlp_only_layers and (layer_id + 1) % self.decoder_sparse_step == 0
+
+
+@dataclass(frozen=True)
 class TextConfig:
     hidden_size: int
     intermediate_size: int
@@ -58,6 +76,7 @@ class TextConfig:
     max_position_embeddings: int
     attention_bias: bool
     hidden_act: str = "silu"
+    moe: MoEConfig | None = None  # None: every layer has a dense MLP
 
 
 @dataclass(frozen=True)
@@ -78,7 +97,8 @@ class ModelConfig:
 
     @property
     def is_qwen3_vl(self) -> bool:
-        return self.model_type == "qwen3_vl"
+        """Qwen3-VL and Qwen3-VL-MoE: the same vision tower, deepstack and M-RoPE."""
+        return self.model_type in ("qwen3_vl", "qwen3_vl_moe")
 
     @property
     def context_length(self) -> int:
@@ -103,12 +123,12 @@ class ModelConfig:
         model_type = raw.get("model_type", "")
         archs = raw.get("architectures") or [_MODEL_TYPE_TO_ARCH.get(model_type, "")]
         arch = archs[0]
-        if arch not in (QWEN3_VL_ARCH, QWEN2_5_VL_ARCH):
+        if arch not in _ARCH_TO_MODEL_TYPE:
             raise ValueError(
                 f"unsupported architecture {arch!r} (model_type {model_type!r}); "
-                f"supported: {QWEN3_VL_ARCH}, {QWEN2_5_VL_ARCH}"
+                f"supported: {', '.join(_ARCH_TO_MODEL_TYPE)}"
             )
-        model_type = "qwen3_vl" if arch == QWEN3_VL_ARCH else "qwen2_5_vl"
+        model_type = _ARCH_TO_MODEL_TYPE[arch]
         text_raw = raw.get("text_config") or raw  # old Qwen2.5-VL configs are flat
         text = _parse_text(text_raw, model_type)
         vision = _parse_vision(raw["vision_config"], model_type)
@@ -143,8 +163,25 @@ def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def _parse_moe(cfg: dict[str, Any]) -> MoEConfig | None:
+    # transformers 5 writes num_local_experts (num_experts is its alias); the Hub configs num_experts
+    experts = cfg.get("num_experts", cfg.get("num_local_experts", 0)) or 0
+    if experts <= 0:
+        return None
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    return MoEConfig(
+        num_experts=experts,
+        num_experts_per_tok=cfg["num_experts_per_tok"],
+        moe_intermediate_size=cfg["moe_intermediate_size"],
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        decoder_sparse_step=int(step),
+        mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+    )
+
+
 def _parse_text(cfg: dict[str, Any], model_type: str) -> TextConfig:
     rope = _rope_params(cfg)
+    qwen3 = model_type in ("qwen3_vl", "qwen3_vl_moe")
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     section = tuple(rope.get("mrope_section") or ())
@@ -163,25 +200,27 @@ def _parse_text(cfg: dict[str, Any], model_type: str) -> TextConfig:
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=float(rope["rope_theta"]),
         mrope_section=section,
-        mrope_interleaved=bool(rope.get("mrope_interleaved", model_type == "qwen3_vl")),
+        mrope_interleaved=bool(rope.get("mrope_interleaved", qwen3)),
         max_position_embeddings=cfg.get("max_position_embeddings", 32768),
         # Qwen2-style text models always carry q/k/v biases; Qwen3 ones carry none.
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2_5_vl")),
         hidden_act=cfg.get("hidden_act", "silu"),
+        moe=_parse_moe(cfg) if model_type == "qwen3_vl_moe" else None,
     )
 
 
 def _parse_vision(cfg: dict[str, Any], model_type: str) -> VisionConfig:
     rope = _rope_params(cfg)
     hidden = cfg.get("hidden_size") or cfg.get("embed_dim")
-    default_act = "gelu_pytorch_tanh" if model_type == "qwen3_vl" else "silu"
+    qwen3 = model_type in ("qwen3_vl", "qwen3_vl_moe")
+    default_act = "gelu_pytorch_tanh" if qwen3 else "silu"
     return VisionConfig(
         depth=cfg["depth"],
         hidden_size=hidden,
         intermediate_size=cfg["intermediate_size"],
         num_heads=cfg["num_heads"],
         out_hidden_size=cfg.get("out_hidden_size") or cfg["hidden_size"],
-        patch_size=cfg.get("patch_size", 16 if model_type == "qwen3_vl" else 14),
+        patch_size=cfg.get("patch_size", 16 if qwen3 else 14),
         temporal_patch_size=cfg.get("temporal_patch_size", 2),
         spatial_merge_size=cfg.get("spatial_merge_size", 2),
         in_channels=cfg.get("in_channels", cfg.get("in_chans", 3)),

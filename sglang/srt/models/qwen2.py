@@ -78,10 +78,14 @@ class Qwen2DecoderLayer(nn.Module):
                  quant=None, prefix: str = "model.layers.0"):
         super().__init__()
         self.self_attn = self.attention_cls(config, layer_id, rotary, tp, dtype, quant, f"{prefix}.self_attn")
-        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype, quant=quant,
-                            prefix=f"{prefix}.mlp")
+        self.mlp = self.make_mlp(config, layer_id, tp, dtype, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def make_mlp(self, config: TextConfig, layer_id: int, tp: TPInfo, dtype, quant, prefix: str) -> nn.Module:
+        """The layer's feed-forward block (a MoE decoder overrides this for its sparse layers)."""
+        return Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype, quant=quant,
+                        prefix=prefix)
 
     def forward(self, rope, hidden_states, residual, forward_batch):
         if residual is None:

@@ -157,6 +157,8 @@ class Qwen3VisionTransformer(nn.Module):
 
 
 class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
+    text_model_cls = Qwen3Model  # Qwen3-VL-MoE swaps in its sparse decoder
+
     def __init__(
         self,
         config: ModelConfig,
@@ -171,7 +173,7 @@ class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
             config.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
             fast_pos_embed=vit.fast_pos_embed, sp=sp,
         )
-        self.model = Qwen3Model(config.text, tp, dtype, quant)
+        self.model = self.text_model_cls(config.text, tp, dtype, quant)
         self.num_deepstack = len(config.vision.deepstack_visual_indexes)
         self.init_lm_head()
 

@@ -6,6 +6,7 @@ import importlib
 
 _MODELS = {
     "Qwen3VLForConditionalGeneration": "sglang.srt.models.qwen3_vl",
+    "Qwen3VLMoeForConditionalGeneration": "sglang.srt.models.qwen3_vl_moe",
     "Qwen2_5_VLForConditionalGeneration": "sglang.srt.models.qwen2_5_vl",
 }
 

@@ -1,4 +1,4 @@
-"""Our Qwen3-VL / Qwen2.5-VL against transformers on the same weights (float32): logits of every
+"""Our Qwen3-VL / Qwen3-VL-MoE / Qwen2.5-VL against transformers on the same weights (float32): logits of every
 prompt position within 1e-4 relative error, and identical greedy tokens."""
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MODELS = {
     "qwen3-vl-tiny": dict(patch=16, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+    # sparse layers 0, 1, 3 (8 experts, top 2, renormalized), dense layer 2; experts in the released layout
+    "qwen3-vl-moe-tiny": dict(patch=16, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
     "qwen2.5-vl-tiny": dict(patch=14, mean=CLIP_MEAN, std=CLIP_STD),
 }
 

@@ -37,11 +37,15 @@ from transformers import (  # noqa: E402
     Qwen2_5_VLForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-MODEL_CLASS = {"qwen3_vl": Qwen3VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration}
-CONFIG_CLASS = {"qwen3_vl": Qwen3VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig}
+# keyed by model_type: qwen3_vl_moe is a model type of the qwen3_vl family
+MODEL_CLASS = {"qwen3_vl": Qwen3VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+               "qwen3_vl_moe": Qwen3VLMoeForConditionalGeneration}
+CONFIG_CLASS = {"qwen3_vl": Qwen3VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig, "qwen3_vl_moe": Qwen3VLMoeConfig}
 IMAGE_PAD = 151655
 
 
@@ -62,7 +66,7 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 def loaded_tiny(tiny_dirs):
     out = {}
     for name, d in tiny_dirs.items():
-        cls = MODEL_CLASS[get_preset(name).family]
+        cls = MODEL_CLASS[get_preset(name).model_type]
         model, info = cls.from_pretrained(d, output_loading_info=True)
         out[name] = (model.eval(), info)
     return out
@@ -70,6 +74,13 @@ def loaded_tiny(tiny_dirs):
 
 def _file_hashes(d: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def _as_loaded(name: str, value):
+    """transformers 5 transposes Qwen3-VL-MoE's fused experts on load ([E, in, out] -> [E, out, in])."""
+    if ".mlp.experts." in name:
+        return value.transpose(1, 2) if hasattr(value, "transpose") else (value[0], value[2], value[1])
+    return value
 
 
 def _hub_to_transformers(name: str, family: str) -> str:
@@ -83,9 +94,9 @@ def _hub_to_transformers(name: str, family: str) -> str:
 
 def _meta_model(preset_name: str):
     p = get_preset(preset_name)
-    config = CONFIG_CLASS[p.family](**build_config_dict(p))
+    config = CONFIG_CLASS[p.model_type](**build_config_dict(p))
     with torch.device("meta"):
-        model = MODEL_CLASS[p.family](config)
+        model = MODEL_CLASS[p.model_type](config)
     return p, config, model
 
 
@@ -112,7 +123,7 @@ def test_loaded_weights_equal_file_and_generator(tiny_dirs, loaded_tiny, name):
     on_disk = load_file(tiny_dirs[name] / "model.safetensors")
     assert set(on_disk) == {s.name for s in mm.tensor_specs(name)}
     for key, value in on_disk.items():
-        assert torch.equal(sd[_hub_to_transformers(key, family)], value), key
+        assert torch.equal(sd[_hub_to_transformers(key, family)], _as_loaded(key, value)), key
     # generate_tensor reproduces the on-disk values
     for key in list(on_disk)[:5] + ["model.language_model.norm.weight" if family == "qwen3_vl" else "model.norm.weight"]:
         assert torch.equal(mm.generate_tensor(name, key), on_disk[key]), key
@@ -232,8 +243,8 @@ def test_side_files(tiny_dirs, name):
     assert not (d / mm.SAFE_INDEX).exists()
 
     cfg = AutoConfig.from_pretrained(d)
-    assert type(cfg) is CONFIG_CLASS[p.family]
-    assert cfg.model_type == p.family
+    assert type(cfg) is CONFIG_CLASS[p.model_type]
+    assert cfg.model_type == p.model_type
     assert cfg.architectures == [p.architecture]
     assert cfg.tie_word_embeddings is True
     assert (cfg.image_token_id, cfg.video_token_id) == (151655, 151656)
@@ -258,7 +269,9 @@ def test_side_files(tiny_dirs, name):
             continue
         if key in ("text_config", "vision_config"):
             for sub, val in ours[key].items():
-                assert theirs[key][sub] == val, (key, sub)
+                # the Hub's MoE configs say num_experts; transformers 5 writes its alias num_local_experts
+                sub_theirs = "num_local_experts" if sub == "num_experts" else sub
+                assert theirs[key][sub_theirs] == val, (key, sub)
         else:
             assert theirs[key] == ours[key], key
 
@@ -299,7 +312,7 @@ def test_names_and_shapes_match_transformers(name):
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if p.tie_word_embeddings:
         expected.pop("lm_head.weight")  # tied: not stored in the checkpoint
-    ours = {_hub_to_transformers(s.name, p.family): s.shape for s in mm.tensor_specs(name)}
+    ours = {_hub_to_transformers(s.name, p.family): _as_loaded(s.name, s.shape) for s in mm.tensor_specs(name)}
     assert len(ours) == len(mm.tensor_specs(name))  # renaming is injective
     assert set(ours) == set(expected), (set(ours) ^ set(expected))
     for k, shape in ours.items():
@@ -319,11 +332,38 @@ def test_qwen3_vl_4b_param_count():
 
 
 def test_known_param_counts():
-    # Parameter counts of the public checkpoints.
+    # Parameter counts of the public checkpoints (the MoE ones: 31.1B and 235.7B on their Hub pages).
     assert mm.count_parameters("qwen3-vl-2b") == 2_127_532_032
     assert mm.count_parameters("qwen3-vl-8b") == 8_767_123_696
     assert mm.count_parameters("qwen2.5-vl-3b") == 3_754_622_976
     assert mm.count_parameters("qwen2.5-vl-7b") == 8_292_166_656
+    assert mm.count_parameters("qwen3-vl-30b-a3b") == 31_070_754_032
+    assert mm.count_parameters("qwen3-vl-235b-a22b") == 235_670_022_896
+
+
+def test_moe_presets_write_the_released_fused_experts():
+    specs = {s.name: s.shape for s in mm.tensor_specs("qwen3-vl-30b-a3b")}
+    pre = "model.language_model.layers.47.mlp"
+    assert specs[f"{pre}.experts.gate_up_proj"] == (128, 2048, 1536)
+    assert specs[f"{pre}.experts.down_proj"] == (128, 768, 2048)
+    assert specs[f"{pre}.gate.weight"] == (128, 2048)
+    assert not any(".mlp.gate_proj." in n for n in specs)  # every layer sparse
+    tc = build_config_dict("qwen3-vl-30b-a3b")["text_config"]
+    assert (tc["num_experts"], tc["num_experts_per_tok"], tc["moe_intermediate_size"]) == (128, 8, 768)
+    assert tc["norm_topk_prob"] is True and tc["decoder_sparse_step"] == 1 and tc["mlp_only_layers"] == []
+    from sglang.testing.presets import with_text_layers
+
+    short = {s.name for s in mm.tensor_specs(with_text_layers("qwen3-vl-30b-a3b", 4))}
+    assert "model.language_model.layers.3.mlp.experts.down_proj" in short
+    assert not any(".layers.4." in n for n in short)
+    # the dense presets keep their manifest digest (folders made before MoE presets are still reused)
+    import dataclasses
+
+    from sglang.testing.model_manifest import _canonical, preset_digest
+
+    dense = dataclasses.asdict(get_preset("qwen3-vl-tiny"))
+    dense["text"].pop("moe")
+    assert preset_digest(get_preset("qwen3-vl-tiny")) == hashlib.sha256(_canonical(dense)).hexdigest()[:16]
 
 
 @pytest.mark.parametrize("name", LARGE_PRESETS)
@@ -332,8 +372,9 @@ def test_large_preset_shard_plan(name):
     specs = mm.tensor_specs(name)
     shards = mm.plan_shards(specs, "bfloat16", mm.DEFAULT_MAX_SHARD_BYTES)
     assert [s for shard in shards for s in shard] == specs
-    total = mm.count_parameters(name) * 2
-    assert len(shards) >= -(-total // mm.DEFAULT_MAX_SHARD_BYTES) and len(shards) > 1
+    # a tensor over the limit (235B's fused experts, 3.2 GB) gets a shard of its own; the rest pack
+    small = sum(s.numel * 2 for s in specs if s.numel * 2 <= mm.DEFAULT_MAX_SHARD_BYTES)
+    assert len(shards) >= -(-small // mm.DEFAULT_MAX_SHARD_BYTES) and len(shards) > 1
     for shard in shards:
         size = sum(s.numel * 2 for s in shard)
         assert size <= mm.DEFAULT_MAX_SHARD_BYTES or len(shard) == 1

@@ -1,0 +1,115 @@
+"""Experts of a sparse MLP held fused, as Qwen3-VL-MoE stores them, and their product.
+
+Each rank holds every expert with a 1/tp slice of its intermediate dim: `gate_up_proj` [E, 2*I/tp, H]
+(this rank's gate rows, then its up rows: column-parallel) and `down_proj` [E, H, I/tp] (row-parallel);
+each rank's partial sums are all-reduced. The product runs the sgl-kernel Triton path on CUDA and
+`fused_experts_torch` elsewhere."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, divide
+from sglang.srt.model_loader.weight_utils import materialize
+
+
+def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                        topk_ids: torch.Tensor) -> torch.Tensor:
+    """sum_k w_k * down_e(silu(gate_e(x)) * up_e(x)) over each token's k experts, e = topk_ids.
+
+    x [T, H]; w13 [E, 2N, H] (gate rows then up rows); w2 [E, H, N]; topk_weights [T, k]; topk_ids [T, k].
+    Tokens are grouped by expert and only experts that received tokens are computed."""
+    t, k = topk_ids.shape
+    out = torch.zeros_like(x)
+    if t == 0:
+        return out
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    token_of = order // k
+    weight_of = topk_weights.reshape(-1)[order].to(x.dtype)
+    start = 0
+    for expert, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = token_of[start : start + n]
+        gate, up = F.linear(x[rows], w13[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[expert]) * weight_of[start : start + n, None]
+        out.index_add_(0, rows, y)
+        start += n
+    return out
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    if x.device.type != "cuda":
+        return False
+    try:
+        import sgl_kernel.moe  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def fused_experts(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    if _use_triton(x):
+        from sgl_kernel.moe import fused_experts as triton_fused_experts
+
+        return triton_fused_experts(x, w13, w2, topk_weights, topk_ids)
+    return fused_experts_torch(x, w13, w2, topk_weights, topk_ids)
+
+
+class FusedMoE(nn.Module):
+    """The experts of one layer. Parameter names are the checkpoint's (`mlp.experts.gate_up_proj`,
+    `mlp.experts.down_proj`); `weight_loader` takes either layout a checkpoint may hold:
+    the released one (gate_up [E, H, 2I], down [E, I, H]) or transformers 5's save ([E, 2I, H], [E, H, I]).
+    When a shape fits both (H == 2I for gate_up, H == I for down) the released layout is assumed."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, tp: TPInfo = SINGLE_RANK,
+                 dtype=None):
+        super().__init__()
+        dtype = dtype or torch.get_default_dtype()
+        self.tp = tp
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.local_inter = divide(intermediate_size, tp.size)
+        n = self.local_inter
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * n, hidden_size, dtype=dtype), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, n, dtype=dtype), requires_grad=False)
+        self.gate_up_proj.weight_loader = self._load_gate_up
+        self.down_proj.weight_loader = self._load_down
+
+    def _check(self, loaded, shapes: dict[str, tuple[int, ...]], what: str) -> str:
+        shape = tuple(loaded.shape)
+        for layout, want in shapes.items():
+            if shape == want:
+                return layout
+        raise ValueError(f"FusedMoE.{what}: checkpoint shape {shape} is neither the released layout "
+                         f"{shapes['released']} nor transformers' {shapes['transformers']}")
+
+    def _load_gate_up(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        e, h, i, n = self.num_experts, self.hidden_size, self.intermediate_size, self.local_inter
+        layout = self._check(loaded, {"released": (e, h, 2 * i), "transformers": (e, 2 * i, h)}, "gate_up_proj")
+        dim = 2 if layout == "released" else 1
+        r = self.tp.rank
+        for part in range(2):  # gate, then up: this rank's slice of each
+            src = materialize(loaded.narrow(dim, part * i + r * n, n))
+            if layout == "released":
+                src = src.transpose(1, 2)
+            param.data[:, part * n : (part + 1) * n].copy_(src.to(param.dtype))
+
+    def _load_down(self, param: nn.Parameter, loaded, shard_id=None) -> None:
+        e, h, i, n = self.num_experts, self.hidden_size, self.intermediate_size, self.local_inter
+        layout = self._check(loaded, {"released": (e, i, h), "transformers": (e, h, i)}, "down_proj")
+        dim = 1 if layout == "released" else 2
+        src = materialize(loaded.narrow(dim, self.tp.rank * n, n))
+        if layout == "released":
+            src = src.transpose(1, 2)
+        param.data.copy_(src.to(param.dtype))
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        y = fused_experts(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        return tensor_model_parallel_all_reduce(y, self.tp)
