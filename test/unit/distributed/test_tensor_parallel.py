@@ -1,4 +1,4 @@
-"""TP=2 over gloo on CPU: same greedy tokens as TP=1 (float32), each rank holding 1/2 of the
+"""TP=2 over gloo on CPU (Qwen3-VL, Qwen3-VL-MoE, Qwen2.5-VL): same greedy tokens as TP=1 (float32), each rank holding 1/2 of the
 sharded weights, for text and multi-image prompts, with and without chunked prefill."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "managers"))
 from scheduler_utils import InProcessScheduler  # noqa: E402
-from tp_worker_main import run_rank  # noqa: E402
+from tp_worker_main import gate_up_rows, run_rank  # noqa: E402
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
 from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
@@ -73,8 +73,9 @@ def _run_tp(args_kw, requests, size=2):
 @pytest.mark.parametrize(
     "preset,patch,chunk,transport",
     [("qwen3-vl-tiny", 16, -1, "cpu"), ("qwen3-vl-tiny", 16, 7, "cpu"), ("qwen2.5-vl-tiny", 14, 9, "cpu"),
-     ("qwen3-vl-tiny", 16, 7, "shm")],
-    ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked", "qwen3_vl_shm"],
+     ("qwen3-vl-tiny", 16, 7, "shm"), ("qwen3-vl-moe-tiny", 16, -1, "cpu"), ("qwen3-vl-moe-tiny", 16, 7, "cpu")],
+    # MoE: each expert's intermediate dim split (gate_up column-, down row-parallel), the router replicated
+    ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked", "qwen3_vl_shm", "qwen3_vl_moe", "qwen3_vl_moe_chunked"],
 )
 def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk, transport):
     path = str(tiny_model_dir(preset))
@@ -104,7 +105,7 @@ def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk, transport):
     outputs, _ = results[0]
     assert outputs == {r.rid: single.outputs[r.rid] for r in requests}
     for rank, (_, info) in results.items():
-        assert info["gate_up_rows"] * 2 == full.mlp.gate_up_proj.weight.shape[0]
+        assert info["gate_up_rows"] * 2 == gate_up_rows(full)
         assert info["qkv_rows"] * 2 == full.self_attn.qkv_proj.weight.shape[0]
         vis = single.sched.worker.model_runner.model.visual.blocks[0].attn.qkv.weight.shape[0]
         assert info["vision_qkv_rows"] * 2 == vis

@@ -21,6 +21,12 @@ class _ListSocket:
         return self.items.pop(0)
 
 
+def gate_up_rows(layer) -> int:
+    """Rows of the layer's gate_up projection on this rank (per expert for a MoE layer)."""
+    experts = getattr(layer.mlp, "experts", None)
+    return experts.gate_up_proj.shape[1] if experts is not None else layer.mlp.gate_up_proj.weight.shape[0]
+
+
 def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, result_queue) -> None:
     import torch
 
@@ -53,7 +59,7 @@ def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, res
     runner = sched.worker.model_runner
     layer = runner.model.model.layers[0]
     shard_info = {
-        "gate_up_rows": layer.mlp.gate_up_proj.weight.shape[0],
+        "gate_up_rows": gate_up_rows(layer),
         "qkv_rows": layer.self_attn.qkv_proj.weight.shape[0],
         "vision_qkv_rows": runner.model.visual.blocks[0].attn.qkv.weight.shape[0],
         "embed_rows": runner.model.model.embed_tokens.weight.shape[0],
