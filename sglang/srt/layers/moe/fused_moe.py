@@ -43,21 +43,19 @@ def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     return out
 
 
-def _use_triton(x: torch.Tensor) -> bool:
-    if x.device.type != "cuda":
-        return False
-    try:
-        import sgl_kernel.moe  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def triton_moe_available() -> bool:
+    """sgl-kernel's MoE kernels (and triton) import: CUDA tensors then take them."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("sgl_kernel") is not None
 
 
 def fused_experts(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
-    if _use_triton(x):
-        from sgl_kernel.moe import fused_experts as triton_fused_experts
+    """The Triton grouped GEMM (`sgl_kernel.moe.fused_experts`) for CUDA tensors, the torch path elsewhere."""
+    if x.is_cuda and triton_moe_available():
+        from sgl_kernel.moe import fused_experts as kernel
 
-        return triton_fused_experts(x, w13, w2, topk_weights, topk_ids)
+        return kernel(x, w13, w2, topk_weights, topk_ids, backend="triton")
     return fused_experts_torch(x, w13, w2, topk_weights, topk_ids)
 
 

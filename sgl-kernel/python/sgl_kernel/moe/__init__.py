@@ -1,0 +1,24 @@
+"""Mixture-of-experts kernels: the softmax top-k router, `moe_align_block_size` (each expert's token rows
+sorted together and padded to the GEMM's row tile) and the fused grouped expert GEMM (gate_up with
+SiLU * mul, then down scaled by the routing weights, then the sum over each token's k experts).
+
+Every op has a torch reference (`*_torch`), which is also the CPU path; `backend="auto"` takes Triton
+for CUDA tensors."""
+
+from sgl_kernel.moe.fused_moe import (
+    fused_experts,
+    fused_experts_torch,
+    moe_align_block_size,
+    moe_align_block_size_reference,
+    topk_softmax,
+    topk_softmax_torch,
+)
+
+__all__ = [
+    "fused_experts",
+    "fused_experts_torch",
+    "moe_align_block_size",
+    "moe_align_block_size_reference",
+    "topk_softmax",
+    "topk_softmax_torch",
+]
