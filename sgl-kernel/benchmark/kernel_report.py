@@ -177,8 +177,48 @@ def fp8_gemm_cases(presets, dtype, tps=FP8_TPS, rows=FP8_ROWS) -> list[Case]:
     return out
 
 
+MOE = {  # preset: (experts, active, text hidden, moe intermediate)
+    "qwen3-vl-30b-a3b": (128, 8, 2048, 768),
+    "qwen3-vl-235b-a22b": (128, 8, 4096, 1536),
+}
+MOE_TPS = (1, 2, 4, 8)
+MOE_TOKENS = (64, 4096)  # a decode batch (a few rows an expert: 16-row tiles) and a prefill chunk (64-row tiles)
+
+
+def moe_cases(presets, dtype, tps=MOE_TPS, tokens=MOE_TOKENS) -> list[Case]:
+    """The router (one per preset) and both grouped expert GEMMs at every TP size (each rank holds every
+    expert with 1/tp of its intermediate dim), bf16 only: the served dtype."""
+    from sgl_kernel.moe._moe_triton import moe_block_config, plan_fused_moe, plan_topk_softmax
+
+    if dtype != torch.bfloat16:
+        return []
+    out = []
+    i32 = torch.int32
+    for p in presets:
+        if p not in MOE:
+            continue
+        e, k, hidden, inter = MOE[p]
+        for t in tokens:
+            plan = plan_topk_softmax(meta(t, e), meta(t, k, dtype=torch.float32), meta(t, k, dtype=i32), True)
+            out.append(Case(f"moe-topk {p} E{e} k{k} T{t}", None, dtype, [plan]))
+        for tp in tps:
+            n = inter // tp
+            for t in tokens:
+                cfg = moe_block_config(t, k, e)
+                bm = cfg["BLOCK_M"]
+                cap = -(-(t * k + e * (bm - 1)) // bm) * bm
+                ids, experts, post = meta(cap, dtype=i32), meta(cap // bm, dtype=i32), meta(1, dtype=i32)
+                up = plan_fused_moe(meta(t, hidden), meta(e, 2 * n, hidden), meta(t * k, n), None, ids, experts, post,
+                                    t * k, k, True, cfg)
+                down = plan_fused_moe(meta(t * k, n), meta(e, hidden, n), meta(t * k, hidden),
+                                      meta(t * k, dtype=torch.float32), ids, experts, post, t * k, 1, False, cfg)
+                out.append(Case(f"moe-gemm {p} gate_up tp{tp} T{t} N{n} K{hidden}", None, dtype, [up]))
+                out.append(Case(f"moe-gemm {p} down tp{tp} T{t} N{hidden} K{n}", None, dtype, [down]))
+    return out
+
+
 CASE_BUILDERS = {"extend": text_cases, "decode": text_cases, "varlen": vision_cases, "pos_embed": pos_embed_cases,
-                 "sample": sampling_cases, "fp8_gemm": fp8_gemm_cases}
+                 "sample": sampling_cases, "fp8_gemm": fp8_gemm_cases, "moe_topk": moe_cases, "moe_gemm": moe_cases}
 
 
 def build_cases(kernels: list[str], presets: list[str], dtypes: list[torch.dtype]) -> list[Case]:
@@ -233,7 +273,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="sm_90a", help="GPU architecture to compile for (default sm_90a: H100/H200)")
     ap.add_argument("--json", default=None, help="write the rows as a JSON list to this file")
     ap.add_argument("--kernels", default=",".join(CASE_BUILDERS), help=f"comma list of {sorted(CASE_BUILDERS)}")
-    ap.add_argument("--presets", default=",".join(dict.fromkeys([*TEXT, *FP8_LINEARS])), help="comma list of model presets")
+    ap.add_argument("--presets", default=",".join(dict.fromkeys([*TEXT, *FP8_LINEARS, *MOE])), help="comma list of model presets")
     ap.add_argument("--dtypes", default="bfloat16,float32", help="comma list: bfloat16, float16, float32")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

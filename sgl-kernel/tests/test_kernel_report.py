@@ -165,6 +165,27 @@ def test_block_fp8_gemm_on_sm90_takes_e4m3_wgmma_without_spills_and_with_wide_lo
         assert r.max_load_bits == 128, f"{where}: no 128-bit load of the e4m3 tiles: {r.loads}"
 
 
+def test_moe_grouped_gemm_on_sm90_uses_tensor_cores_without_spills_and_with_wide_loads(report_rows):
+    """Qwen3-VL-30B-A3B and -235B-A22B experts (E=128, k=8) at TP 1/2/4/8, decode- and prefill-sized: both
+    GEMMs (gate_up with SiLU * mul, down with the routing weights) and the router, bf16."""
+    mod = _load_report()
+    import torch
+
+    cases = mod.build_cases(["moe_gemm", "moe_topk"], list(mod.MOE), [torch.bfloat16])
+    rows = mod.report(cases, "sm_90a", progress=False)
+    gemms = [r for r in rows if r.case.startswith("moe-gemm")]
+    assert len(gemms) == 2 * 4 * 2 * 2 and len(rows) == len(gemms) + 4
+    for r in rows:
+        where = f"{r.kernel} {r.case}"
+        assert r.spill_bytes == 0, f"{where}: {r.spill_bytes} bytes spilled ({r.registers} registers)"
+    for r in gemms:
+        where = f"{r.kernel} {r.case}"
+        assert r.mma in ("wgmma", "mma.sync") and r.mma_operands == "bf16.bf16", f"{where}: {r.mma} {r.mma_operands}"
+        assert r.max_load_bits == 128, f"{where}: no 128-bit load of the activation / expert tiles: {r.loads}"
+        if "T4096" in r.case:  # 64-row tiles: the Hopper warpgroup MMA
+            assert r.mma == "wgmma", where
+
+
 @compiles
 def test_cli_writes_json_rows(tmp_path):
     pytest.importorskip("triton", reason="the report compiles with triton")
