@@ -38,8 +38,8 @@ class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
             if quant is not None:
                 from sglang.srt.layers.quantization.base import QuantizationError
 
-                raise QuantizationError("quantized MoE experts are not supported yet (issue 38): serve the "
-                                        "bf16 checkpoint without --quantization")
+                raise QuantizationError("quantized MoE experts are not supported yet (issue 38): serve the bf16 "
+                                        "checkpoint of this Qwen3-VL-MoE model without --quantization")
             return Qwen3MoeSparseMoeBlock(config.hidden_size, config.moe, tp, dtype)
         return super().make_mlp(config, layer_id, tp, dtype, quant, prefix)
 

@@ -51,6 +51,10 @@ def startup_problem(raw: dict[str, Any], flag: str | None, tp_size: int) -> str 
         config = quantization_config(raw, flag)
     except QuantizationError as e:
         return str(e)
+    text = raw.get("text_config", raw)
+    if config is not None and (text.get("num_experts") or text.get("num_local_experts")):
+        return ("quantized MoE experts are not supported yet (issue 38): serve the bf16 checkpoint of this "
+                "Qwen3-VL-MoE model without --quantization")
     if config is None or not config.serialized or tp_size == 1:
         return None
     from math import gcd
