@@ -11,8 +11,9 @@ after that token's first occurrence in the output: until then the row is not mas
 stays at the grammar's start.
 
 Retraction and preemption keep a request's output tokens (its re-prefill only rebuilds KV), so its
-matcher stays valid; `sync` still checks the count before each fill and rolls back, or replays from the
-grammar's start, whenever output and matcher disagree.
+matcher stays valid; `sync` still checks the count and last token before each fill (O(1) per step, never
+a rescan of the output) and takes new tokens, rolls back, or replays from the grammar's start whenever
+output and matcher disagree.
 """
 
 from __future__ import annotations
@@ -21,21 +22,31 @@ import torch
 
 
 class RequestGrammar:
+    """Invariant: the matcher's state is the one after the first `consumed` output tokens, the last of
+    which was `last` (the tokens before and including the start token are consumed without reaching the
+    matcher). `sync` relies on it to cost O(1) on an unchanged output and O(new tokens) on a longer one:
+    no step rescans the output, which over a long reasoning would be quadratic."""
+
     def __init__(self, matcher, key: tuple[str, str] | None = None, start_after: int | None = None):
         self.matcher = matcher
         self.key = key
         self.accepted: list[int] = []  # the output tokens the matcher has accepted, in order
         self.start_after = start_after
         self.waiting = start_after is not None  # the start token has not been output yet
+        self.consumed = 0  # output tokens taken so far (reasoning and start token included)
+        self.last: int | None = None  # output token number `consumed` - 1
 
     def accept(self, token: int) -> bool:
         """Advance by a sampled token; False (state unchanged) when the grammar does not allow it."""
+        token = int(token)
         if self.waiting:  # reasoning: any token, the matcher starts after the end of reasoning
-            self.waiting = int(token) != self.start_after
-            return True
-        if not self.matcher.accept_token(int(token)):
+            self.waiting = token != self.start_after
+        elif self.matcher.accept_token(token):
+            self.accepted.append(token)
+        else:
             return False
-        self.accepted.append(int(token))
+        self.consumed += 1
+        self.last = token
         return True
 
     def is_terminated(self) -> bool:
@@ -45,30 +56,41 @@ class RequestGrammar:
         """The next token is masked: the grammar has started and is not complete."""
         return not self.waiting and not self.matcher.is_terminated()
 
-    def sync(self, output_ids: list[int]) -> None:
-        """Bring the matcher to the state after `output_ids` (after the start token, with `start_after`):
-        nothing when it is there already; a rollback when it ran ahead on the same tokens; otherwise a
-        replay from the grammar's start."""
-        if self.start_after is not None:
-            try:
-                begin = list(output_ids).index(self.start_after) + 1
-            except ValueError:
-                begin = None
-            self.waiting = begin is None
-            output_ids = list(output_ids[begin:]) if begin is not None else []
-        n = len(self.accepted)
-        if n == len(output_ids) and (n == 0 or self.accepted[-1] == output_ids[-1]):
+    def _token_at(self, i: int) -> int:
+        """The consumed output token at position i < consumed, from what the grammar kept: the start token
+        or a token it accepted (positions inside the reasoning are not kept: -1)."""
+        begin = self.consumed - len(self.accepted)  # first position after the start token
+        if i >= begin:
+            return self.accepted[i - begin]
+        return self.start_after if not self.waiting and i == begin - 1 else -1
+
+    def sync(self, output_ids) -> None:
+        """Bring the matcher to the state after `output_ids` (after the start token, with `start_after`).
+        The output grows or shrinks only at its end (a retraction keeps it), so one token identifies the
+        prefix: nothing when the matcher is there already; the new tokens when the output grew; a
+        rollback when it shrank past the start token; otherwise a replay from the grammar's start."""
+        m, n = len(output_ids), self.consumed
+        if n == m and (m == 0 or output_ids[m - 1] == self.last):
             return
-        if n > len(output_ids) and self.accepted[: len(output_ids)] == list(output_ids):
-            self.matcher.rollback(n - len(output_ids))
-            del self.accepted[len(output_ids):]
+        if n < m and (n == 0 or output_ids[n - 1] == self.last):
+            self._consume(output_ids[n:])
+            return
+        begin = n - len(self.accepted)
+        if not self.waiting and 0 < m < n and begin <= m and output_ids[m - 1] == self._token_at(m - 1):
+            self.matcher.rollback(n - m)
+            del self.accepted[m - begin:]
+            self.consumed, self.last = m, int(output_ids[m - 1])
             return
         self.matcher.reset()
         self.accepted = []
-        for tok in output_ids:
-            if not self.matcher.accept_token(int(tok)):
+        self.waiting = self.start_after is not None
+        self.consumed, self.last = 0, None
+        self._consume(output_ids)
+
+    def _consume(self, tokens) -> None:
+        for tok in tokens:
+            if not self.accept(tok):
                 raise ValueError(f"output token {tok} at position {len(self.accepted)} does not fit the grammar")
-            self.accepted.append(int(tok))
 
     def allows_no_token(self, vocab_size: int) -> bool:
         """The grammar is open and no token can continue it (its language ran out here: e.g. a tool's
