@@ -10,12 +10,14 @@ from sglang.srt.managers.io_struct import BatchTokenIDOut, FinishReason
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.metrics.stage_timer import STAGES, rounded
 from sglang.srt.sampling.stop_regex import StopRegexError, search_output
+from sglang.srt.sampling.stop_strings import StopStrings
 
 logger = logging.getLogger(__name__)
 
 
 class SchedulerOutputProcessorMixin:
     report_dp_rank = False  # --dp-size > 1: meta_info names the replica (the Scheduler sets it)
+    _stop_strings: StopStrings | None = None  # made on first use: the stop-string check's caches
 
     # ------------------------------------------------------------------ results
     def run_batch(self, batch: ScheduleBatch) -> None:
@@ -88,11 +90,12 @@ class SchedulerOutputProcessorMixin:
             return FinishReason("stop", matched=tok)
         if req.grammar is not None and req.grammar.is_terminated():  # the grammar is complete (its stop token)
             return FinishReason("stop", matched=tok)
-        if sp.stop:
-            tail = self.tokenizer.decode(req.output_ids[-(8 + max(len(s) for s in sp.stop)) :])
-            for s in sp.stop:
-                if s in tail:
-                    return FinishReason("stop", matched=s, stop_text=None if sp.no_stop_trim else s)
+        if sp.stop:  # decodes the output's tail only at steps where a stop string can appear in it
+            if self._stop_strings is None:
+                self._stop_strings = StopStrings()
+            s = self._stop_strings.check(self.tokenizer, req.output_ids, sp.stop)
+            if s is not None:
+                return FinishReason("stop", matched=s, stop_text=None if sp.no_stop_trim else s)
         if sp.stop_regex:
             try:  # decoded as the detokenizer does, so that the cut lands on the same characters there
                 m = search_output(sp.stop_regex, req.output_ids,
