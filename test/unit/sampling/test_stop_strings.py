@@ -14,8 +14,8 @@ from sglang.srt.sampling.stop_strings import StopStrings, decodes_by_concatenati
 
 # text made of what model output holds: words, punctuation, markup, newlines, multi-byte characters
 # (CJK, accents, emoji: several tokens per character), the replacement character itself
-ALPHABET = list("abcdefghij xyz   .,:;!?<>/\"'{}[]()\n\t0123456789") + ["é", "ß", "中", "文", "😀", "🙂", "\ufffd", "</answer>",
-                                                                       "<think>", "```", "\n\n"]
+ALPHABET = list("abcdefghij xyz   .,:;!?<>/\"'{}[]()\n\t0123456789")
+ALPHABET += ["é", "ß", "中", "文", "😀", "🙂", "\ufffd", "</answer>", "<think>", "```", "\n\n"]
 SPECIAL = [151643, 151645, 151644, 151667, 151668]  # <|endoftext|>, <|im_end|>, <|im_start|>, <think>, </think>
 
 
