@@ -131,6 +131,24 @@ def sampling_cases(presets, dtype) -> list[Case]:
     return out
 
 
+def bitmask_cases(presets, dtype) -> list[Case]:
+    """Constrained decoding's token bitmask on 64 of 160 float32 logits rows (the logits processor's dtype;
+    one row per vocabulary, whatever `dtype`), the bitmask rows padded as the engine pads them. Pure data
+    movement: no tensor cores."""
+    from sgl_kernel.sampling import padded_words
+    from sgl_kernel.sampling._bitmask_triton import plan_bitmask
+
+    if dtype != torch.float32:
+        return []
+    out = []
+    for vocab in sorted({VOCABS[p] for p in presets if p in VOCABS}):
+        rows = 64
+        plan = plan_bitmask(meta(160, vocab, dtype=torch.float32), meta(rows, padded_words(vocab), dtype=torch.int32),
+                            meta(rows, dtype=torch.int64), vocab, on_cuda=True)
+        out.append(Case(f"bitmask vocab {vocab} rows{rows}", None, torch.float32, [plan]))
+    return out
+
+
 # Text linears of the -FP8 releases: preset -> (hidden, intermediate, q heads, kv heads), head dim 128
 FP8_LINEARS = {
     "qwen3-vl-2b": (2048, 6144, 16, 8),
@@ -218,7 +236,8 @@ def moe_cases(presets, dtype, tps=MOE_TPS, tokens=MOE_TOKENS) -> list[Case]:
 
 
 CASE_BUILDERS = {"extend": text_cases, "decode": text_cases, "varlen": vision_cases, "pos_embed": pos_embed_cases,
-                 "sample": sampling_cases, "fp8_gemm": fp8_gemm_cases, "moe_topk": moe_cases, "moe_gemm": moe_cases}
+                 "sample": sampling_cases, "bitmask": bitmask_cases, "fp8_gemm": fp8_gemm_cases, "moe_topk": moe_cases,
+                 "moe_gemm": moe_cases}
 
 
 def build_cases(kernels: list[str], presets: list[str], dtypes: list[torch.dtype]) -> list[Case]:

@@ -218,3 +218,21 @@ def test_unknown_fp32_precision_is_refused_before_any_launch():
     q = torch.zeros(4, 2, 16)
     with pytest.raises(ValueError, match="fp32_precision"):
         varlen_attention_fwd(q, q, q, torch.tensor([0, 4]), 4, 0.25, fp32_precision="fp64")
+
+
+@compiles
+def test_bitmask_kernel_on_sm90_loads_128_bit_words_without_spills():
+    """The token-bitmask kernel: one 128-bit load of 4 packed words per thread (the engine pads the rows
+    to `padded_words`), no spills, and no tensor cores (there is no matrix work in it)."""
+    pytest.importorskip("triton", reason="the report compiles with triton")
+    from sgl_kernel.codegen_report import ptxas_candidates
+
+    mod = _load_report()
+    import torch
+
+    rows = mod.report(mod.bitmask_cases(["qwen3-vl-4b", "qwen2.5-vl-7b"], torch.float32), "sm_90a", progress=False)
+    assert [r.case for r in rows] == ["bitmask vocab 151936 rows64", "bitmask vocab 152064 rows64"]
+    for r in rows:
+        assert r.mma == "none" and r.max_load_bits == 128, f"{r.case}: {r.mma} {r.loads}"
+        if ptxas_candidates() and r.registers is not None:
+            assert r.spill_bytes == 0, f"{r.case}: {r.spill_bytes} bytes spilled"
