@@ -135,7 +135,9 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | 
     width = logits.shape[-1]
     if logits.device.type == "cpu":
         apply_bitmask_sparse_cpu(logits, bitmask, rows, min(width, vocab_size))
-    else:
+    elif logits.is_cuda and _bitmask_kernel() is not None:
+        apply_bitmask_cuda(logits, bitmask, rows, min(width, vocab_size))
+    else:  # another device, or CUDA without triton / sgl_kernel
         apply_bitmask_torch(logits, bitmask[rows], rows, min(width, vocab_size))
     if width > vocab_size:  # padded logits: the padding is never a token
         logits[rows, vocab_size:] = float("-inf")
@@ -154,9 +156,36 @@ def _batch_filler():
     return _BATCH_FILLER
 
 
+_KERNEL = None  # sgl_kernel's Triton bitmask op, or False when triton or sgl_kernel does not import
+
+
+def _bitmask_kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        try:
+            import triton  # noqa: F401
+            from sgl_kernel.sampling import apply_token_bitmask, padded_words
+
+            _KERNEL = (apply_token_bitmask, padded_words)
+        except ImportError:
+            _KERNEL = False
+    return _KERNEL or None
+
+
+def apply_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int], width: int) -> None:
+    """The bitmask's listed rows applied to CUDA logits by sgl_kernel's Triton kernel: one pass reading the
+    packed words (copied to the device in rows padded to `padded_words`, so that the kernel loads 4 words
+    at once) and storing -inf at the banned tokens; no (rows, vocab) temporary."""
+    apply, padded_words = _bitmask_kernel()
+    words = (width + 31) // 32
+    host = torch.nn.functional.pad(bitmask[rows, :words], (0, padded_words(width) - words))  # one gather
+    apply(logits, host.to(logits.device), torch.tensor(rows, dtype=torch.int32).to(logits.device), width)
+
+
 def apply_bitmask_torch(logits: torch.Tensor, bits: torch.Tensor, rows: list[int], width: int) -> None:
     """The bitmask (one int32 row per entry of `rows`, bit j of word i allowing token 32 i + j) applied on
-    the logits' device with torch ops (an unpack and a masked fill): no kernel compiled at run time."""
+    the logits' device with torch ops (an unpack to (rows, vocab) booleans and a masked fill): the path of
+    logits on a device other than the CPU when sgl_kernel's Triton kernel is not available."""
     bits = bits.to(logits.device, non_blocking=True)
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
     allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :width].bool()

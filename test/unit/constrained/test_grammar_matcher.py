@@ -127,6 +127,41 @@ def test_the_device_path_masks_as_xgrammar_does(backend):
     assert 0 < torch.isfinite(logits[0]).sum() < VOCAB and torch.isfinite(logits[1]).all()
 
 
+def test_the_cuda_path_masks_as_xgrammar_does(backend):
+    """The Triton kernel that CUDA logits take (run here on CPU under the Triton interpreter), with the
+    rows padded as the CUDA path pads them, against xgrammar's CPU op."""
+    pytest.importorskip("triton")
+    import xgrammar as xg
+
+    from sglang.srt.constrained.matcher import apply_bitmask_cuda
+    from sgl_kernel.testing import interpreted
+
+    g1, g2 = _grammar(backend, ("regex", "[0-9]+")), _grammar(backend, ("ebnf", 'root ::= "x" | "yz"'))
+    bitmask = xg.allocate_token_bitmask(3, VOCAB)
+    g1.fill(bitmask, 2)
+    g2.fill(bitmask, 0)
+    logits = torch.randn(3, VOCAB)
+    ref = logits.clone()
+    xg.apply_token_bitmask_inplace(ref, bitmask, vocab_size=VOCAB, indices=[2, 0])
+    with interpreted("sgl_kernel.sampling._bitmask_triton"):
+        apply_bitmask_cuda(logits, bitmask, [2, 0], VOCAB)
+    assert torch.equal(logits, ref)
+    assert 0 < torch.isfinite(logits[2]).sum() < VOCAB and torch.isfinite(logits[1]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_logits_are_masked_as_cpu_logits(backend, tok):
+    """apply_grammar_bitmask on CUDA logits (the Triton kernel) and on CPU logits (the sparse op)."""
+    keys = [("regex", "[0-9]+"), ("json_schema", '{"type": "object"}')]
+    cpu = torch.randn(4, VOCAB)
+    cuda = cpu.cuda()
+    for logits in (cpu, cuda):
+        grammars = [_grammar(backend, keys[0]), None, None, _grammar(backend, keys[1])]
+        assert apply_grammar_bitmask(logits, grammars, [[], [], [], []], VOCAB) == [0, 3]
+    assert torch.equal(cuda.cpu(), cpu)
+
+
 def _word_rows(draw_kinds, words: int, gen: torch.Generator) -> torch.Tensor:
     """Bitmask rows of int32 words, each row from a kind: all allowed, all banned, random bits, mostly
     allowed with banned and mixed words (a JSON string), mostly banned with a few allowed ones."""
