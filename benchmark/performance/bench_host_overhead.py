@@ -4,6 +4,7 @@ penalties, output processing. The real in-process `Scheduler` on the tiny Qwen3-
 
     python benchmark/performance/bench_host_overhead.py --batch-sizes 1,64,128 --json out.json
     python benchmark/performance/bench_host_overhead.py --legacy-penalties   # the per-step rebuild
+    python benchmark/performance/bench_host_overhead.py --workloads stop --legacy-stop-check  # a decode a step
 
 How host time is isolated on a CPU-only machine (where the "device" is the CPU too):
 - the model forward is a stub that applies the runner's queued table writes (batch-building work) and
@@ -24,7 +25,12 @@ How host time is isolated on a CPU-only machine (where the "device" is the CPU t
 Not included: the ZMQ send itself (the output is pickled, as send_pyobj does, and dropped), and the
 device's launch cost of the elided ops.
 
-JSON: {"greedy" | "sampled" | "penalties": {"<bs>": {"host_ms_per_step": x, ...}},
+The "stop" workload is greedy with two stop strings per request; every sampled id is 0 (the elided
+sampler's output, the text "!"), which can end neither, so the stop-string check skips every window
+decode (sglang/srt/sampling/stop_strings.py); --legacy-stop-check decodes the window at every step, as
+before that check.
+
+JSON: {"greedy" | "sampled" | "penalties" | "stop": {"<bs>": {"host_ms_per_step": x, ...}},
 "sampler_vocab_passes": n}, where sampler_vocab_passes counts the aten ops of one sampled decode step
 (batch 8, real compute) that touch a (B x vocab) tensor (`sglang.testing.op_count.count_large_passes`).
 """
@@ -52,7 +58,20 @@ WORKLOADS = {
     "greedy": dict(temperature=0.0),
     "sampled": dict(temperature=0.8, top_p=0.95),
     "penalties": dict(temperature=0.0, repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.3),
+    "stop": dict(temperature=0.0, stop=["</answer>", "\n\nUser:"]),
 }
+
+
+class DecodeEveryStep:
+    """The stop-string check before `StopStrings`: the window decoded at every step."""
+
+    window_decodes = 0
+
+    def check(self, tokenizer, output_ids, stop):
+        from sglang.srt.sampling.stop_strings import stop_in_tail
+
+        self.window_decodes += 1
+        return stop_in_tail(tokenizer, output_ids, stop)
 CLOCK = time.thread_time
 
 
@@ -169,7 +188,7 @@ class HostOverheadRun:
     """One scheduler with `bs` requests of `prompt_len` random tokens, decoding `output_len` tokens."""
 
     def __init__(self, model_path: str, bs: int, prompt_len: int, output_len: int, params: dict,
-                 legacy_penalties: bool = False, elide: bool = True):
+                 legacy_penalties: bool = False, elide: bool = True, legacy_stop_check: bool = False):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
         from sglang.srt.managers.scheduler import Scheduler
@@ -181,6 +200,8 @@ class HostOverheadRun:
                           max_running_requests=bs, context_length=prompt_len + output_len + 16,
                           disable_radix_cache=True, random_seed=0)
         self.sched = sched = Scheduler(args, None)
+        if legacy_stop_check:
+            sched._stop_strings = DecodeEveryStep()
         sched.send = lambda obj: pickle.dumps(obj)  # what send_pyobj does before the socket
         worker = sched.worker
         runner = worker.model_runner
@@ -266,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=230)
     ap.add_argument("--legacy-penalties", action="store_true",
                     help="penalties rebuilt from every request's prompt and output at every step (before)")
+    ap.add_argument("--legacy-stop-check", action="store_true",
+                    help="stop strings: the output's tail decoded at every step (before)")
     ap.add_argument("--model-path", default=None, help="default: the embedded tiny Qwen3-VL")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
@@ -288,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         for bs in sizes:
             bar.set_postfix_str(f"{w} bs={bs}")
             run = HostOverheadRun(model_path, bs, args.prompt_len, args.output_len, WORKLOADS[w],
-                                  legacy_penalties=args.legacy_penalties)
+                                  legacy_penalties=args.legacy_penalties, legacy_stop_check=args.legacy_stop_check)
             penalties_on_device = type(getattr(run.sched.worker, "penalties", None)).__name__ == "PenaltyState"
             vocab = run.vocab
             run.prefill()
@@ -313,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                 "elided_device_ops_per_step": round(elided / steps, 1),
                 "finishing_step_ms": round(sum(finishing) * 1e3 / max(len(finishing), 1), 3),
             }
+            if "stop" in WORKLOADS[w]:  # tail decodes of the stop-string check, over the whole run
+                results[w][str(bs)]["stop_window_decodes"] = getattr(run.sched._stop_strings, "window_decodes", 0)
             if run.mode.fallbacks:
                 print(f"note: {run.mode.fallbacks} ops of {w} bs={bs} ran for real (no meta kernel)", file=sys.stderr)
             del run
