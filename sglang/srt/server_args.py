@@ -65,6 +65,9 @@ class ServerArgs:
         "order waiting requests by their `priority` (higher first) before the --schedule-policy order, and let a "
         "request that cannot be admitted preempt running ones of lower priority; without it a request that "
         "gives a priority gets 400"))
+    max_queued_requests: int | None = field(default=None, metadata=_arg(
+        "most requests a scheduler holds waiting (compiling grammars included); one more is a 503 'The request "
+        "queue is full.', or with priority scheduling displaces a queued request of lower priority"))
     schedule_low_priority_values_first: bool = field(default=False, metadata=_arg(
         "with priority scheduling, lower priority values run first"))
     priority_scheduling_preemption_threshold: int = field(default=10, metadata=_arg(

@@ -132,6 +132,8 @@ def _scheduling_problems(args) -> list[str]:
         problems.append(f"--schedule-policy {args.schedule_policy}: choose one of {', '.join(SCHEDULE_POLICIES)}")
     if args.schedule_policy == "priority":
         object.__setattr__(args, "enable_priority_scheduling", True)
+    if args.max_queued_requests is not None and args.max_queued_requests < 1:
+        problems.append("--max-queued-requests must be >= 1")
     if args.priority_scheduling_preemption_threshold < 0:
         problems.append("--priority-scheduling-preemption-threshold must be >= 0")
     return problems

@@ -51,6 +51,7 @@ UPSTREAM = {
     "--schedule-policy": _flag("fcfs", choices=("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key",
                                                 "hrrn", "shortest-prefill-first")),
     "--enable-priority-scheduling": _flag(False),
+    "--max-queued-requests": _flag(),
     "--schedule-low-priority-values-first": _flag(False),
     "--priority-scheduling-preemption-threshold": _flag(10),
     "--disable-priority-preemption": _flag(False),

@@ -148,6 +148,8 @@ class SchedulerIOMixin:
         if error:
             self.finish(req, FinishReason("abort", message=error, status_code=400))
             return
+        if not self._make_room(req):
+            return
         if req.mm_inputs is not None and req.mm_inputs.mm_items:
             # Baseline (SGLANG_MM_PRECOMPUTE_HASH=0): every image is hashed here, in the scheduler loop.
             # Precomputed, the tokenizer timed `hash` itself and this only fills what is missing.
@@ -166,6 +168,26 @@ class SchedulerIOMixin:
                 self.grammar_queue.add(req, key)  # joins the waiting queue once compiled on every rank
             return
         self.waiting.append(req)
+
+    def _make_room(self, req: Req) -> bool:
+        """--max-queued-requests: False (the request answered 503) when the queue is full, unless priority
+        scheduling lets it displace the queued request of lowest priority (that one gets the 503)."""
+        limit = self.server_args.max_queued_requests
+        queued = len(self.waiting) + (len(self.grammar_queue.pending) if self.grammar_queue else 0)
+        if limit is None or queued < limit:
+            return True
+        if self.server_args.enable_priority_scheduling and self.waiting:
+            sign = 1 if self.server_args.schedule_low_priority_values_first else -1
+            # the queued request that would run last; the newest of equals goes first
+            victim = max(reversed(self.waiting), key=lambda r: sign * r.priority)
+            if sign * req.priority < sign * victim.priority:
+                self.waiting.remove(victim)
+                self.kv.release(victim)
+                self.finish(victim, FinishReason("abort", message="The request is aborted by a higher priority "
+                                                 "request.", status_code=503))
+                return True
+        self.finish(req, FinishReason("abort", message="The request queue is full.", status_code=503))
+        return False
 
     def _validate(self, req: Req) -> str | None:
         """The request was validated where it entered (RequestBuilder: prompt, context length, images,

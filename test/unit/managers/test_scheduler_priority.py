@@ -68,3 +68,37 @@ def test_without_enough_priority_or_with_preemption_off_it_waits(model_path, hig
 def test_lower_values_first_turns_the_comparison_around(model_path):
     order, _, preemptions, (low, high) = _run(model_path, high_priority=-10, schedule_low_priority_values_first=True)
     assert order == [high, low] and preemptions == 1
+
+
+def test_a_full_queue_answers_503_and_the_queued_requests_run(model_path):
+    """--max-queued-requests 2: the third arrival before any step is a 503 with upstream's message; the
+    two queued ones run to the end and nothing leaks."""
+    s = InProcessScheduler(model_path, max_queued_requests=2)
+    kept = [_submit(s, LOW, 3, 0), _submit(s, HIGH, 3, 0)]
+    refused = _submit(s, LOW, 3, 0)
+    s.sched.flush_outputs()
+    s._drain()
+    fr = s.finished[refused]
+    assert (fr.type, fr.status_code, fr.message) == ("abort", 503, "The request queue is full.")
+    s.run_until_idle()
+    assert all(s.finished[r].type == "length" and len(s.outputs[r]) == 3 for r in kept)
+    s.assert_no_leak()
+
+
+@pytest.mark.parametrize("low_values_first", [False, True])
+def test_with_priority_scheduling_a_higher_priority_arrival_displaces_the_lowest_queued(model_path, low_values_first):
+    s = InProcessScheduler(model_path, max_queued_requests=2, enable_priority_scheduling=True,
+                           schedule_low_priority_values_first=low_values_first)
+    better, worse = (1, 9) if low_values_first else (9, 1)
+    mid = 5
+    a = _submit(s, LOW, 3, mid)
+    b = _submit(s, HIGH, 3, worse)
+    same = _submit(s, LOW, 3, worse)  # not better than the worst queued one: refused itself
+    top = _submit(s, HIGH, 3, better)  # displaces b, the queued request that would run last
+    s.sched.flush_outputs()
+    s._drain()
+    assert s.finished[same].status_code == 503 and s.finished[same].message == "The request queue is full."
+    assert s.finished[b].status_code == 503 and s.finished[b].message == "The request is aborted by a higher priority request."
+    s.run_until_idle()
+    assert all(s.finished[r].type == "length" for r in (a, top))
+    s.assert_no_leak()
