@@ -30,7 +30,7 @@ def test_transformers_save_layout_loads_to_the_same_logits(tiny_model_dir, tmp_p
 def test_sparse_layers_where_transformers_puts_them(step, mlp_only):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.models.qwen3_vl_moe import Qwen3MoeModel, Qwen3MoeSparseMoeBlock
-    from sglang.testing.presets import build_config_dict
+    from sglang.testing.hf_configs import build_config_dict
 
     raw = build_config_dict("qwen3-vl-moe-tiny")
     raw["text_config"].update(num_hidden_layers=6, decoder_sparse_step=step, mlp_only_layers=mlp_only)
@@ -63,7 +63,7 @@ def test_quantization_is_refused_before_start_up_and_in_the_model():
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.layers.quantization import QuantizationError, quantization_config, startup_problem
     from sglang.srt.models.qwen3_vl_moe import Qwen3VLMoeForConditionalGeneration
-    from sglang.testing.presets import build_config_dict
+    from sglang.testing.hf_configs import build_config_dict
 
     raw = build_config_dict("qwen3-vl-moe-tiny")
     assert "quantized MoE experts" in startup_problem(raw, "fp8", 1)

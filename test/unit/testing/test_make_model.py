@@ -19,13 +19,8 @@ from safetensors.torch import load_file
 
 from sglang.testing import make_model as mm
 from sglang.testing.tokenizer_builder import trained_vocab_size
-from sglang.testing.presets import (
-    LARGE_PRESETS,
-    PRESETS,
-    TINY_PRESETS,
-    build_config_dict,
-    get_preset,
-)
+from sglang.testing.hf_configs import build_config_dict
+from sglang.testing.presets import LARGE_PRESETS, PRESETS, TINY_PRESETS, get_preset
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
@@ -530,7 +525,8 @@ def test_cli_list_and_errors(capsys):
 
 
 def test_a_short_replica_keeps_every_width_and_the_vision_tower():
-    from sglang.testing.presets import build_config_dict, get_preset, with_text_layers
+    from sglang.testing.hf_configs import build_config_dict
+    from sglang.testing.presets import get_preset, with_text_layers
 
     full = get_preset("qwen3-vl-4b")
     short = with_text_layers(full, 4)
