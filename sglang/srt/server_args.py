@@ -151,6 +151,10 @@ class ServerArgs:
         "vision tower with Ulysses sequence parallelism at --tp-size > 1: whole vision weights on every rank, "
         "the batch's patches split over the ranks, all-to-alls around attention instead of TP all-reduces "
         "(the vision heads must divide by --tp-size; no effect at --tp-size 1)"))
+    mm_enable_dp_encoder: bool = field(default=False, metadata=_arg(
+        "data-parallel vision encoder at --tp-size > 1: whole vision weights on every rank, each encode call's "
+        "images (and videos) split over the ranks balanced by patch count, the embeddings all-gathered back "
+        "(no collective inside the tower; not with --enable-vit-ulysses-sp; no effect at --tp-size 1)"))
     dp_size: int = field(default=1, metadata=_arg(
         "data-parallel replicas: N copies of the scheduler group (each --tp-size ranks, on consecutive devices "
         "from --base-gpu-id) behind one data-parallel controller; one node only", aliases=("--data-parallel-size",)))

@@ -55,6 +55,9 @@ def check_and_normalize(args) -> list[str]:
         if problem:
             problems.append(f"--mm-feature-transport cuda_ipc: {problem}; use cpu (shared memory on one host)")
     problems += _data_parallel_problems(args)
+    if args.mm_enable_dp_encoder and args.enable_vit_ulysses_sp:
+        problems.append("--mm-enable-dp-encoder with --enable-vit-ulysses-sp: both replicate the vision tower and "
+                        "split its work over the ranks (whole images vs. patches); choose one")
     if args.quantization not in (None, "", "none", "fp8"):
         problems.append(f"--quantization {args.quantization}: only fp8 (block FP8) is supported")
     if args.fp8_gemm_backend not in ("auto", "triton"):
@@ -199,6 +202,8 @@ def log_ignored_flags(args, device: str) -> list[str]:
         lines.append("CUDA graphs for decode need --attention-backend triton: decode runs eagerly")
     if args.enable_vit_ulysses_sp and args.tp_size == 1:
         lines.append("--enable-vit-ulysses-sp: no effect at --tp-size 1 (nothing to split over)")
+    if args.mm_enable_dp_encoder and args.tp_size == 1:
+        lines.append("--mm-enable-dp-encoder: no effect at --tp-size 1 (nothing to split over)")
     for flag, on in (("--enable-multimodal", args.enable_multimodal), ("--trust-remote-code", args.trust_remote_code),
                      ("--skip-server-warmup", args.skip_server_warmup)):
         if on:

@@ -103,6 +103,7 @@ UPSTREAM = {
     "--load-format": _flag("auto"),
     "--enable-mixed-chunk": _flag(False),
     "--disable-overlap-schedule": _flag(False),
+    "--mm-enable-dp-encoder": _flag(False),
 }
 STATUSES = ("same", "different", "missing", "ours")
 

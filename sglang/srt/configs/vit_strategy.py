@@ -18,18 +18,22 @@ class ViTStrategy:
     cached per grid shape (False: the baseline, recomputed every forward). ulysses_sp: the server flag
     `--enable-vit-ulysses-sp` (not an environment switch; the runner passes it to `from_env`): at TP > 1
     the tower's weights are replicated and its tokens split over the ranks (False: the TP-sharded tower).
-    The defaults are the switches' defaults."""
+    dp_encoder: the server flag `--mm-enable-dp-encoder`: at TP > 1 the tower's weights are replicated and
+    each encode call's images are split over the ranks, each rank running whole images (False: the
+    TP-sharded tower). The defaults are the switches' defaults."""
 
     patch_embed_linear: bool = True
     fast_pos_embed: bool = True
     ulysses_sp: bool = False
+    dp_encoder: bool = False
 
     @classmethod
-    def from_env(cls, ulysses_sp: bool = False) -> "ViTStrategy":
+    def from_env(cls, ulysses_sp: bool = False, dp_encoder: bool = False) -> "ViTStrategy":
         from sglang.srt.environ import envs
 
         return cls(
             patch_embed_linear=envs.SGLANG_VIT_PATCH_EMBED_LINEAR.get(),
             fast_pos_embed=envs.SGLANG_VIT_FAST_POS_EMBED.get(),
             ulysses_sp=ulysses_sp,
+            dp_encoder=dp_encoder,
         )

@@ -76,14 +76,23 @@ def plan_sequence_split(
     return SequenceSplit(tuple(bounds), tuple(splits))
 
 
-def vision_tower_parallelism(tp: TPInfo, ulysses: bool, num_heads: int) -> tuple[TPInfo, TPInfo | None]:
+def vision_tower_parallelism(
+    tp: TPInfo, ulysses: bool, num_heads: int, dp_encoder: bool = False
+) -> tuple[TPInfo, TPInfo | None]:
     """(TPInfo the tower's linears are built with, sequence-parallel group or None).
 
     Off, or at TP size 1: the TP group itself and no sequence parallelism (today's sharded tower). On:
     single-rank linears (whole weights on every rank, the loader reads full tensors) and the TP group
-    for the all-to-alls. Heads must divide over the ranks; otherwise start-up stops with one line."""
+    for the all-to-alls. Heads must divide over the ranks; otherwise start-up stops with one line.
+    `dp_encoder` (`--mm-enable-dp-encoder`) alone: single-rank linears and no sequence parallelism (the
+    model splits whole images over the ranks, see dp_encoder.py); with `ulysses` it is refused."""
+    if dp_encoder and not ulysses and tp.size > 1:
+        return SINGLE_RANK, None
     if not ulysses or tp.size == 1:
         return tp, None
+    if dp_encoder:
+        raise ValueError("--enable-vit-ulysses-sp and --mm-enable-dp-encoder both replicate the vision tower "
+                         "and split its work over the ranks; choose one")
     if num_heads % tp.size:
         raise ValueError(
             f"--enable-vit-ulysses-sp: the vision tower's {num_heads} attention heads do not divide over "

@@ -101,16 +101,17 @@ def get_model(
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     logger.info("loaded %s from %s (%s%s, tp %d/%d): %.2f GiB of weights on this rank", config.architecture, model_path,
                 torch_dtype, f", {quant.describe()}" if quant else "", tp.rank, tp.size, weight_bytes / 2**30)
-    if vit.ulysses_sp and tp.size > 1:
-        log_replicated_vision_memory(model, tp)
+    if (vit.ulysses_sp or vit.dp_encoder) and tp.size > 1:
+        log_replicated_vision_memory(model, tp, "vit-ulysses-sp" if vit.ulysses_sp else "mm-dp-encoder")
     return model.eval()
 
 
-def log_replicated_vision_memory(model: nn.Module, tp: TPInfo) -> str:
-    """--enable-vit-ulysses-sp: the vision tower is whole on every rank; say what that costs."""
+def log_replicated_vision_memory(model: nn.Module, tp: TPInfo, what: str = "vit-ulysses-sp") -> str:
+    """--enable-vit-ulysses-sp / --mm-enable-dp-encoder: the vision tower is whole on every rank; say what
+    that costs."""
     nbytes = sum(p.numel() * p.element_size() for p in model.visual.parameters())
     line = (
-        f"vit-ulysses-sp: vision tower weights replicated on each of {tp.size} ranks: {nbytes / 2**20:.1f} MiB "
+        f"{what}: vision tower weights replicated on each of {tp.size} ranks: {nbytes / 2**20:.1f} MiB "
         f"per rank ({nbytes / tp.size / 2**20:.1f} MiB when TP-sharded, +{nbytes * (tp.size - 1) / tp.size / 2**20:.1f} MiB)"
     )
     logger.info(line)

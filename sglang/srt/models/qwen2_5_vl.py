@@ -170,7 +170,8 @@ class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         quant=None,
     ):
         super().__init__(config, tp, dtype)
-        vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, config.vision.num_heads)
+        vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, config.vision.num_heads, vit.dp_encoder)
+        self.vision_dp = tp if vit.dp_encoder and tp.size > 1 else None  # --mm-enable-dp-encoder
         self.visual = Qwen2_5_VisionTransformer(
             config.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
             fast_pos_embed=vit.fast_pos_embed, sp=sp,

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed.dp_encoder import dp_encode
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
@@ -29,6 +30,7 @@ class QwenVLForConditionalGenerationBase(nn.Module):
         self.config = config
         self.tp = tp
         self.dtype_ = dtype or torch.get_default_dtype()
+        self.vision_dp: TPInfo | None = None  # --mm-enable-dp-encoder at TP > 1: the group images are split over
 
     def init_lm_head(self) -> None:
         text = self.config.text
@@ -63,15 +65,26 @@ class QwenVLForConditionalGenerationBase(nn.Module):
 
     def get_image_feature(self, items: list) -> list[torch.Tensor]:
         """Runs the vision tower once over the given images (packed) and returns one embedding matrix
-        per image, (tokens, out_hidden * (1 + num_deepstack))."""
+        per image, (tokens, out_hidden * (1 + num_deepstack)). With `--mm-enable-dp-encoder` each TP rank
+        runs its share of the images (balanced by patch count) and every rank gets all of them back."""
         if not items:
             return []
         device = next(self.visual.parameters()).device
+        grids = [tuple(int(v) for v in it.image_grid_thw) for it in items]
+        merge2 = self.config.vision.spatial_merge_size**2
+        rows = [t * h * w // merge2 for t, h, w in grids]
+        if self.vision_dp is None:
+            return list(self._encode(items, grids, device).split(rows, dim=0))
+        width = self.config.vision.out_hidden_size * (1 + len(self.config.vision.deepstack_visual_indexes))
+        return dp_encode(
+            self.vision_dp, [t * h * w for t, h, w in grids], rows,
+            lambda idx: self._encode([items[i] for i in idx], [grids[i] for i in idx], device),
+            width, next(self.visual.parameters()).dtype, device,
+        )
+
+    def _encode(self, items: list, grids: list[tuple[int, int, int]], device) -> torch.Tensor:
         if any(isinstance(it.feature, EncodedImage) for it in items):  # SGLANG_GPU_IMAGE_DECODE
             pixels = materialize_pixels(items, device)
         else:
             pixels = torch.cat([torch.as_tensor(it.feature).to(device) for it in items], dim=0)
-        grids = [tuple(int(v) for v in it.image_grid_thw) for it in items]
-        out = self.visual(pixels, grids)
-        merge2 = self.config.vision.spatial_merge_size**2
-        return list(out.split([t * h * w // merge2 for t, h, w in grids], dim=0))
+        return self.visual(pixels, grids)

@@ -113,3 +113,33 @@ def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk, transport):
         assert info["free_after"] == info["max_tokens"], "no KV leak on any rank"
     assert set(results[0][1]["broadcast_ms"]) == {r.rid for r in requests}
     assert all(ms > 0 for ms in results[0][1]["broadcast_ms"].values()), "rank 0 times each request's broadcast"
+
+
+@pytest.mark.parametrize("preset,patch,chunk", [("qwen3-vl-tiny", 16, -1), ("qwen3-vl-tiny", 16, 7),
+                                                ("qwen2.5-vl-tiny", 14, 9)],
+                         ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked"])
+def test_tp2_dp_encoder_matches_tp1(tiny_model_dir, preset, patch, chunk):
+    """--mm-enable-dp-encoder: whole vision tower on each rank, images split over the ranks; the same greedy
+    tokens as TP=1 for text only, several images of different sizes and a one-image request, with and without
+    chunked prefill (the per-image ViT cache on). One image alone per call (a rank with nothing to encode):
+    test_dp_encoder.py."""
+    path = str(tiny_model_dir(preset))
+    requests = _requests(patch)
+    factor = patch * 2
+    proc = QwenVLProcessor(None, QwenVLImageProcessor(patch_size=patch, min_pixels=4 * factor**2, max_pixels=48 * factor**2))
+    ids, mm = proc.process(_text(5, 7) + PLACEHOLDER + _text(4, 8), [_noise(64, 64, 3)])
+    requests.append(TokenizedGenerateReqInput("q_one", ids, SamplingParams(max_new_tokens=6, temperature=0.0,
+                                                                           ignore_eos=True), mm))
+    single = InProcessScheduler(path, max_total_tokens=4096, chunked_prefill_size=chunk)
+    for r in requests:
+        single.sched.process_input_requests([r])
+        single.outputs[r.rid] = []
+        single.run_until_idle()  # one request at a time: the one-image request is an encode call of its own
+    kw = dict(model_path=path, dtype="float32", device="cpu", max_total_tokens=4096, chunked_prefill_size=chunk,
+              mm_enable_dp_encoder=True)
+    results = _run_tp(dict(kw, tp_size=2), requests)
+    assert results[0][0] == {r.rid: single.outputs[r.rid] for r in requests}
+    vis = single.sched.worker.model_runner.model.visual.blocks[0].attn.qkv.weight.shape[0]
+    for rank, (_, info) in results.items():
+        assert info["vision_qkv_rows"] == vis, "the vision tower is whole on every rank"
+        assert info["free_after"] == info["max_tokens"]
