@@ -1,7 +1,7 @@
 """Data-parallel vision encoder (switch `--mm-enable-dp-encoder`).
 
-At TP size N every rank holds the whole vision tower (replicated, unsharded weights). The images (and
-videos, one item each) of one encode call are dealt out over the N ranks, balanced by patch count; each
+At TP size N every rank holds the whole vision tower (replicated, unsharded weights). The images and
+video frame groups of one encode call are dealt out over the N ranks, balanced by patch count; each
 rank runs the tower over its own items only, with no collective inside the tower, and one all-gather at
 the end hands every rank all the embeddings back in the call's order.
 
@@ -15,12 +15,30 @@ This module holds the plan and the gather; it imports nothing from the layers or
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from sglang.srt.distributed.parallel_state import TPInfo
+
+
+def frame_groups(grids: list[tuple[int, int, int]], world: int) -> list[tuple[int, int, int]]:
+    """Units of work, (item, first temporal patch, temporal patches), in item and frame order. An image is
+    one unit; a video whose patches exceed one rank's share (total / world) is cut into
+    min(t, ceil(patches / share)) contiguous frame groups of near-equal length, so one long video does not
+    leave the other ranks idle. Frames are separate attention segments in both towers (position tables,
+    rotary indices and Qwen2.5-VL's windows repeat per frame), so a frame group encodes to exactly the
+    rows of those frames."""
+    total = sum(t * h * w for t, h, w in grids)
+    share = total / world if world > 0 else 0
+    units = []
+    for i, (t, h, w) in enumerate(grids):
+        k = min(t, max(1, math.ceil(t * h * w / share))) if share > 0 else 1
+        cuts = [round(j * t / k) for j in range(k + 1)]
+        units += [(i, cuts[j], cuts[j + 1] - cuts[j]) for j in range(k)]
+    return units
 
 
 def balanced_split(costs: list[int], world: int) -> list[list[int]]:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.distributed.dp_encoder import dp_encode
+from sglang.srt.distributed.dp_encoder import dp_encode, frame_groups
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
@@ -66,25 +66,44 @@ class QwenVLForConditionalGenerationBase(nn.Module):
     def get_image_feature(self, items: list) -> list[torch.Tensor]:
         """Runs the vision tower once over the given images (packed) and returns one embedding matrix
         per image, (tokens, out_hidden * (1 + num_deepstack)). With `--mm-enable-dp-encoder` each TP rank
-        runs its share of the images (balanced by patch count) and every rank gets all of them back."""
+        runs its share of the images and video frame groups (balanced by patch count) and every rank gets
+        all of them back."""
         if not items:
             return []
         device = next(self.visual.parameters()).device
         grids = [tuple(int(v) for v in it.image_grid_thw) for it in items]
         merge2 = self.config.vision.spatial_merge_size**2
-        rows = [t * h * w // merge2 for t, h, w in grids]
         if self.vision_dp is None:
-            return list(self._encode(items, grids, device).split(rows, dim=0))
-        width = self.config.vision.out_hidden_size * (1 + len(self.config.vision.deepstack_visual_indexes))
-        return dp_encode(
-            self.vision_dp, [t * h * w for t, h, w in grids], rows,
-            lambda idx: self._encode([items[i] for i in idx], [grids[i] for i in idx], device),
-            width, next(self.visual.parameters()).dtype, device,
-        )
+            out = self.visual(self._pixels(items, device), grids)
+            return list(out.split([t * h * w // merge2 for t, h, w in grids], dim=0))
+        units = frame_groups(grids, self.vision_dp.size)
+        unit_grids = [(n, *grids[i][1:]) for i, _, n in units]
 
-    def _encode(self, items: list, grids: list[tuple[int, int, int]], device) -> torch.Tensor:
+        def encode(idx: list[int]) -> torch.Tensor:
+            mine = sorted({units[k][0] for k in idx})  # each item's pixels materialized once
+            start, at = {}, 0
+            for i in mine:
+                start[i] = at
+                at += grids[i][0] * grids[i][1] * grids[i][2]
+            pixels = self._pixels([items[i] for i in mine], device)
+            parts = []
+            for i, f0, n in (units[k] for k in idx):
+                frame = grids[i][1] * grids[i][2]
+                parts.append(pixels[start[i] + f0 * frame : start[i] + (f0 + n) * frame])
+            return self.visual(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0), [unit_grids[k] for k in idx])
+
+        width = self.config.vision.out_hidden_size * (1 + len(self.config.vision.deepstack_visual_indexes))
+        per_unit = dp_encode(
+            self.vision_dp, [n * h * w for n, h, w in unit_grids], [n * h * w // merge2 for n, h, w in unit_grids],
+            encode, width, next(self.visual.parameters()).dtype, device,
+        )
+        per_item: list[list[torch.Tensor]] = [[] for _ in items]
+        for (i, _, _), emb in zip(units, per_unit):
+            per_item[i].append(emb)
+        return [parts[0] if len(parts) == 1 else torch.cat(parts, dim=0) for parts in per_item]
+
+    @staticmethod
+    def _pixels(items: list, device) -> torch.Tensor:
         if any(isinstance(it.feature, EncodedImage) for it in items):  # SGLANG_GPU_IMAGE_DECODE
-            pixels = materialize_pixels(items, device)
-        else:
-            pixels = torch.cat([torch.as_tensor(it.feature).to(device) for it in items], dim=0)
-        return self.visual(pixels, grids)
+            return materialize_pixels(items, device)
+        return torch.cat([torch.as_tensor(it.feature).to(device) for it in items], dim=0)

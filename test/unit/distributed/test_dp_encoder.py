@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).parent))
 from dp_encoder_worker_main import items_for, patch_row, run  # noqa: E402
 
-from sglang.srt.distributed.dp_encoder import balanced_split  # noqa: E402
+from sglang.srt.distributed.dp_encoder import balanced_split, frame_groups  # noqa: E402
 from sglang.srt.distributed.sequence_parallel import vision_tower_parallelism  # noqa: E402
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo  # noqa: E402
 from sglang.srt.model_loader.loader import get_model, log_replicated_vision_memory  # noqa: E402
@@ -32,7 +32,9 @@ CASES = [
     ([], 0),  # text only: no image, no collective
     ([(1, 4, 4)], 1),  # one image: one rank has none
     ([(1, 4, 4), (1, 8, 6), (1, 2, 2), (1, 6, 10)], 2),  # several sizes
-    ([(2, 4, 4), (1, 4, 6), (3, 2, 4)], 3),  # videos (t > 1) among images
+    ([(2, 4, 4), (1, 4, 6), (3, 2, 4)], 3),  # videos (t > 1) among images, none over one share
+    ([(4, 4, 4)], 4),  # one video: two frame groups, one per rank
+    ([(3, 4, 6), (1, 2, 2)], 5),  # a long video cut 2 + 1 frames beside a small image
 ]
 
 
@@ -61,6 +63,28 @@ def test_split_is_a_partition_within_one_item_of_the_mean(costs, world):
     loads = [sum(costs[i] for i in idx) for idx in plan]
     assert max(loads) <= sum(costs) / world + max(costs, default=0)
     assert plan == balanced_split(list(costs), world), "every rank computes the same plan"
+
+
+def test_frame_groups_cut_only_videos_over_one_share():
+    assert frame_groups([], 2) == []
+    assert frame_groups([(1, 4, 4)], 2) == [(0, 0, 1)]  # an image is never cut
+    assert frame_groups([(2, 4, 4), (1, 4, 6), (3, 2, 4)], 2) == [(0, 0, 2), (1, 0, 1), (2, 0, 3)]
+    assert frame_groups([(4, 4, 4)], 2) == [(0, 0, 2), (0, 2, 2)]
+    assert frame_groups([(3, 4, 6), (1, 2, 2)], 2) == [(0, 0, 2), (0, 2, 1), (1, 0, 1)]
+    assert frame_groups([(4, 4, 4)], 1) == [(0, 0, 4)]
+    assert frame_groups([(2, 4, 4)], 8) == [(0, 0, 1), (0, 1, 1)]  # never more groups than frames
+
+
+@given(grids=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 4), st.integers(1, 4)), max_size=6),
+       world=st.integers(1, 4))
+def test_frame_groups_cover_every_frame_once_in_order(grids, world):
+    units = frame_groups(grids, world)
+    for i, (t, _, _) in enumerate(grids):
+        mine = [(f0, n) for j, f0, n in units if j == i]
+        assert all(n >= 1 for _, n in mine) and len(mine) <= min(t, world)
+        assert [f0 for f0, _ in mine] == [sum(n for _, n in mine[:k]) for k in range(len(mine))]
+        assert sum(n for _, n in mine) == t
+    assert [u[0] for u in units] == sorted(u[0] for u in units)
 
 
 def test_flag_builds_a_replicated_tower_and_refuses_ulysses():
@@ -130,7 +154,7 @@ def test_vision_weights_replicated(tp2):
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
-@pytest.mark.parametrize("case", range(len(CASES)), ids=["no_image", "one_image", "several_sizes", "video"])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=["no_image", "one_image", "several_sizes", "video", "one_video_split", "video_split_and_image"])
 def test_dp_encoder_equals_sharded_and_single_rank(tp2, dirs, name, case):
     grids, seed = CASES[case]
     model = get_model(dirs[name], "float32")
