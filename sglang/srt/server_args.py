@@ -116,6 +116,13 @@ class ServerArgs:
         "rank opens once by IPC handle); shm is accepted as an alias of cpu",
         choices=("cpu", "cuda_ipc", "shm")))
     stream_interval: int = field(default=1, metadata=_arg("decode steps between streamed chunks"))
+    stream_output: bool = field(default=False, metadata=_arg(
+        "streamed /generate chunks carry only what is new since the last chunk (text and output_ids deltas) "
+        "instead of the whole output so far"))
+    skip_tokenizer_init: bool = field(default=False, metadata=_arg(
+        "token ids in, token ids out: /generate takes input_ids only and answers output_ids with no text (nothing "
+        "is tokenized or detokenized per request); text prompts, chat, stop strings, grammars and token texts "
+        "are refused with a 400 naming this flag"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
         "seconds any TP collective may wait for a peer rank before failing (a dead rank ends the server)"))
     api_key: str | None = field(default=None, metadata=_arg(

@@ -84,6 +84,8 @@ UPSTREAM = {
     "--random-seed": _flag(),  # unset: random per launch
     "--watchdog-timeout": _flag(300),
     "--stream-interval": _flag(1),
+    "--stream-output": _flag(False),
+    "--skip-tokenizer-init": _flag(False),
     "--enable-metrics": _flag(False),
     "--log-level": _flag("info", choices=("debug", "info", "warning", "error", "critical")),
     "--allowed-media-domains": _flag(UNKNOWN),

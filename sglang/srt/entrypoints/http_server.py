@@ -26,7 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 from sglang.version import __version__
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
-from sglang.srt.entrypoints.native_generate import native_request_groups
+from sglang.srt.entrypoints.native_generate import native_request_groups, stream_deltas
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_base import (
@@ -282,6 +282,8 @@ def create_app(
         streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
         if groups[0][0].stream:
             events = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))
+            if server_args.stream_output:
+                events = stream_deltas(events)
             return StreamingResponse(sse_stream(events), media_type="text/event-stream")
         try:
             out = await collect_until_disconnect(request, gather_finals(streams) if batch else streams[0])

@@ -4,7 +4,7 @@ when it does not fit."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, AsyncIterator
 
 from sglang.srt.entrypoints.openai.protocol import pick_dp_rank, pick_media_settings
 from sglang.srt.errors import GenerateError
@@ -117,3 +117,23 @@ def _per_prompt_videos(videos: Any, batch: bool, n: int) -> list[list[Any]]:
     if not isinstance(videos, list) or len(videos) != n:
         raise GenerateError(f"a batch of {n} prompts needs video_data as a list of {n} entries")
     return [one(v) for v in videos]
+
+
+async def stream_deltas(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """--stream-output: each streamed chunk's `text` and `output_ids` cut to what is new since the chunk
+    before (the last one too); a batch's chunks (tagged with `index`) are cut per prompt."""
+    sent: dict[Any, tuple[int, int]] = {}
+    try:
+        async for chunk in chunks:
+            key = chunk.get("index")
+            text_len, ids_len = sent.get(key, (0, 0))
+            out = dict(chunk)
+            ids = chunk.get("output_ids") or []
+            out["output_ids"] = list(ids[ids_len:])
+            if "text" in chunk:  # absent with --skip-tokenizer-init
+                out["text"] = chunk["text"][text_len:]
+                text_len = max(text_len, len(chunk["text"]))
+            sent[key] = (text_len, max(ids_len, len(ids)))
+            yield out
+    finally:  # closing this closes the generation under it, which aborts an unfinished request
+        await chunks.aclose()

@@ -35,8 +35,8 @@ class DecodeState:
 class IncrementalDetokenizer:
     """Per-rid decode states over one tokenizer; no I/O (unit-testable without processes)."""
 
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any | None):
+        self.tokenizer = tokenizer  # None (--skip-tokenizer-init): ids pass through, every text delta is ""
         self.states: dict[str, DecodeState] = {}
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
@@ -71,12 +71,15 @@ class IncrementalDetokenizer:
         return delta
 
     def handle(self, msg: BatchTokenIDOut) -> BatchStrOut:
-        output_strs = [
-            self.step(rid, ids, skip, fr)
-            for rid, ids, skip, fr in zip(
-                msg.rids, msg.new_token_ids, msg.skip_special_tokens, msg.finished_reasons
-            )
-        ]
+        if self.tokenizer is None:
+            output_strs = [""] * len(msg.rids)
+        else:
+            output_strs = [
+                self.step(rid, ids, skip, fr)
+                for rid, ids, skip, fr in zip(
+                    msg.rids, msg.new_token_ids, msg.skip_special_tokens, msg.finished_reasons
+                )
+            ]
         return BatchStrOut(
             rids=msg.rids,
             output_strs=output_strs,
@@ -93,7 +96,7 @@ class DetokenizerManager:
     def __init__(self, server_args: ServerArgs, port_args: PortArgs, tokenizer: Any | None = None):
         import zmq
 
-        if tokenizer is None:
+        if tokenizer is None and not server_args.skip_tokenizer_init:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(server_args.tokenizer_path or server_args.resolved_model_path())

@@ -161,6 +161,8 @@ class RequestBuilder:
         if obj.text is not None and not isinstance(obj.text, str):
             raise GenerateError(f"text must be a string, got {type(obj.text).__name__}")
         sampling, to_context = make_sampling_params(obj.sampling_params)
+        if self.server_args.skip_tokenizer_init:
+            self._refuse_tokenizer_work(obj, sampling)
         bad = next((t for t in (sampling.logit_bias or ()) if t >= self.vocab_size), None)
         if bad is not None:
             raise GenerateError(f"logit_bias names token id {bad} outside the vocabulary [0, {self.vocab_size})")
@@ -190,6 +192,23 @@ class RequestBuilder:
         image_cfg, video_cfg = self._media_config(obj)
         return CheckedRequest(rid, obj, messages, images, sampling, to_context, explicit,
                               check_priority(obj.priority, self.server_args), image_cfg, videos, video_cfg)
+
+    @staticmethod
+    def _refuse_tokenizer_work(obj: GenerateReqInput, sampling) -> None:
+        """--skip-tokenizer-init: token ids in and out; what needs the tokenizer is a 400 naming the flag."""
+        if obj.text is not None or obj.messages is not None:
+            what = "text prompts" if obj.text is not None else "chat messages"
+            raise GenerateError(f"the server was started with --skip-tokenizer-init and cannot accept {what}: "
+                                "give input_ids, or start it without --skip-tokenizer-init")
+        needs = [name for name, on in (
+            ("stop", bool(sampling.stop)), ("stop_regex", bool(sampling.stop_regex)),
+            ("json_schema", sampling.json_schema is not None), ("regex", sampling.regex is not None),
+            ("ebnf", sampling.ebnf is not None), ("structural_tag", sampling.structural_tag is not None),
+            ("return_text_in_logprobs", sampling.return_text_in_logprobs),
+            ("require_reasoning", obj.require_reasoning)) if on]
+        if needs:
+            raise GenerateError(f"{needs[0]} needs the tokenizer, which the server skips (--skip-tokenizer-init); "
+                                "use stop_token_ids, or start it without --skip-tokenizer-init")
 
     @staticmethod
     def _refuse_local_paths(sources: list[Any], kind: str) -> None:

@@ -46,12 +46,14 @@ UNSENT_SHM_MAX_AGE_S = 30.0
 class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
     grammar_validator: GrammarValidator | None = None  # set in __init__
     dp_size = 1  # replicas answering each control request (set in __init__ from --dp-size)
+    ids_only = False  # --skip-tokenizer-init: outputs carry output_ids and no text (set in __init__)
 
     def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: SchedulerReady | None = None):
         self.server_args = server_args
         self.port_args = port_args
         self.scheduler_info = scheduler_info
         self.dp_size = server_args.dp_size
+        self.ids_only = server_args.skip_tokenizer_init
         self.model_path = server_args.resolved_model_path()
         self.builder = RequestBuilder(server_args, self.model_path, scheduler_info)
         self.tokenizer = self.builder.tokenizer

@@ -45,7 +45,7 @@ class _ReqState:
 
 
 class TokenizerOutputMixin:
-    """Needs from its host: rid_to_state, tokenizer, metrics, has_served, mark_dead, _recv_sock and
+    """Needs from its host: ids_only, rid_to_state, tokenizer, metrics, has_served, mark_dead, _recv_sock and
     _resolve_control (tokenizer_communicator_mixin.py)."""
 
     async def _handle_loop(self) -> None:
@@ -135,7 +135,14 @@ class TokenizerOutputMixin:
             return None
         state.sent_text_len = max(visible, state.sent_text_len)
         state.sent_ids_len = len(state.output_ids)
-        return {"text": state.text[: state.sent_text_len], "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
+        return self._shaped({"text": state.text[: state.sent_text_len], "output_ids": list(state.output_ids),
+                             "meta_info": self._meta(state)})
+
+    def _shaped(self, out: dict[str, Any]) -> dict[str, Any]:
+        """--skip-tokenizer-init: ids only, no `text` key (upstream's shape: nothing was detokenized)."""
+        if self.ids_only:
+            del out["text"]
+        return out
 
     def _final_output(self, state: _ReqState) -> dict[str, Any]:
         fr = state.finished_reason
@@ -146,4 +153,4 @@ class TokenizerOutputMixin:
             raise GenerateError(fr.message or "request aborted", status, "invalid_request_error" if status < 500 else "server_error")
         cut = fr.stop_cut(state.text)
         text = state.text if cut is None else state.text[:cut]
-        return {"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta(state)}
+        return self._shaped({"text": text, "output_ids": list(state.output_ids), "meta_info": self._meta(state)})

@@ -158,6 +158,47 @@ def test_completion_stream_deltas_finish_and_usage():
     assert tm.closed_generations == 1
 
 
+def test_generate_stream_output_sends_only_the_new_text_and_ids():
+    """--stream-output: each /generate chunk holds what is new (upstream's flag); without it, everything so far."""
+    def script():
+        outs = [_out("He"), _out("Hello"), _out("Hello!", {"type": "length"}, completion=3)]
+        for o, ids in zip(outs, ([1], [1, 2], [1, 2, 3])):
+            o["output_ids"] = ids
+        return outs
+
+    tm = FakeTM()
+    tm.script = script()
+    status, data = call(_app(tm, stream_output=True), "POST", "/generate", {"input_ids": [5], "stream": True})
+    assert status == 200
+    events = sse_events(data)
+    assert [e["text"] for e in events] == ["He", "llo", "!"]
+    assert [e["output_ids"] for e in events] == [[1], [2], [3]]
+    assert events[-1]["meta_info"]["finish_reason"] == {"type": "length"} and tm.closed_generations == 1
+    tm.script = script()
+    events = sse_events(call(_app(tm), "POST", "/generate", {"input_ids": [5], "stream": True})[1])
+    assert [e["text"] for e in events] == ["He", "Hello", "Hello!"] and events[-1]["output_ids"] == [1, 2, 3]
+    # a batch: each prompt's chunks are cut on their own
+    tm.script = script()
+    events = sse_events(call(_app(tm, stream_output=True), "POST", "/generate",
+                             {"input_ids": [[5], [6]], "stream": True})[1])
+    for i in (0, 1):
+        assert "".join(e["text"] for e in events if e["index"] == i) == "Hello!"
+        assert [t for e in events if e["index"] == i for t in e["output_ids"]] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"prompt": [1, 2]}),
+])
+def test_openai_routes_refuse_under_skip_tokenizer_init(path, body):
+    tm = FakeTM()
+    app = _app(tm, skip_tokenizer_init=True)
+    tm.server_args = ServerArgs(model_path="/models/tiny", skip_tokenizer_init=True)
+    status, out = call_json(app, "POST", path, {"model": MODEL, **body})
+    assert status == 400 and "--skip-tokenizer-init" in out["error"]["message"] and path in out["error"]["message"]
+    assert tm.requests == []
+
+
 def test_completion_stream_without_usage_has_no_usage_chunk():
     tm = FakeTM()
     tm.script = [_out("Hi", {"type": "stop"})]

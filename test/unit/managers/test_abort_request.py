@@ -182,3 +182,26 @@ def test_abort_all_reaches_requests_still_being_prepared():
         assert outs[-1]["meta_info"]["finish_reason"]["type"] == "abort" and tm._send_sock.sent == []
 
     asyncio.run(main())
+
+
+def test_ids_only_outputs_have_no_text_key_streamed_or_final():
+    """--skip-tokenizer-init (`ids_only`): chunks and the final output carry output_ids, no text (upstream's shape)."""
+    async def scenario():
+        tm = _manager()
+        tm.ids_only = True
+        outs = []
+
+        async def client():
+            async for out in tm.generate_tokenized(_tokenized("a"), b"payload"):
+                outs.append(out)
+
+        task = asyncio.ensure_future(client())
+        await asyncio.sleep(0)
+        tm._handle_batch_str_out(_out("a", "", None))
+        await asyncio.sleep(0)
+        tm._handle_batch_str_out(_out("a", "", FinishReason("length")))
+        await asyncio.wait_for(task, 1)
+        assert [o["output_ids"] for o in outs] == [[7], [7, 7]] and all("text" not in o for o in outs)
+        assert outs[-1]["meta_info"]["finish_reason"] == {"type": "length"}
+
+    asyncio.run(scenario())

@@ -79,3 +79,22 @@ def test_any_chunking_reproduces_the_full_decode(tokenizer, text, cuts):
     deltas = feed(IncrementalDetokenizer(tokenizer), "r", ids, sizes)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
     assert not any("\ufffd" in d for d in deltas[:-1])
+
+
+def test_skip_tokenizer_init_passes_ids_through_with_no_text():
+    """--skip-tokenizer-init: no tokenizer is loaded and nothing is decoded; the ids and counts pass through."""
+    from sglang.srt.managers.detokenizer_manager import DetokenizerManager
+    from sglang.srt.port_args import PortArgs
+    from sglang.srt.server_args import ServerArgs
+
+    detok = IncrementalDetokenizer(None)
+    msg = BatchTokenIDOut(["a", "b"], [[1, 2], [3]], [None, FinishReason("length")], [3, 4], [2, 1], [0, 0],
+                          [True, True], [{}, {}])
+    out = detok.handle(msg)
+    assert out.output_strs == ["", ""] and out.new_token_ids == [[1, 2], [3]] and detok.states == {}
+    args = ServerArgs(model_path="/nonexistent/model", skip_tokenizer_init=True)
+    manager = DetokenizerManager(args, PortArgs.create(args))  # would fail loading a tokenizer from the path
+    try:
+        assert manager.detokenizer.tokenizer is None
+    finally:
+        manager.close()

@@ -72,3 +72,26 @@ def test_stop_regex_is_checked_where_the_request_enters():
                        ({"no_stop_trim": "yes"}, "no_stop_trim must be true or false")):
         with pytest.raises(GenerateError, match=match):
             make_sampling_params(raw)
+
+
+@pytest.mark.parametrize("kwargs, params, word", [
+    ({"text": "hi"}, {}, "cannot accept text prompts"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, {}, "cannot accept chat messages"),
+    ({"input_ids": [1]}, {"stop": "x"}, "stop needs the tokenizer"),
+    ({"input_ids": [1]}, {"stop_regex": "x+"}, "stop_regex needs"),
+    ({"input_ids": [1]}, {"json_schema": "{}"}, "json_schema needs"),
+    ({"input_ids": [1]}, {"regex": "a"}, "regex needs"),
+    ({"input_ids": [1]}, {"ebnf": "root ::= \"a\""}, "ebnf needs"),
+    ({"input_ids": [1]}, {"return_logprob": True, "return_text_in_logprobs": True}, "return_text_in_logprobs needs"),
+    ({"input_ids": [1], "require_reasoning": True}, {}, "require_reasoning needs"),
+])
+def test_skip_tokenizer_init_refuses_what_needs_the_tokenizer(kwargs, params, word):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.request_builder import RequestBuilder
+
+    sampling, _ = make_sampling_params(params)
+    with pytest.raises(GenerateError, match=word) as e:
+        RequestBuilder._refuse_tokenizer_work(GenerateReqInput(sampling_params=params, **kwargs), sampling)
+    assert "--skip-tokenizer-init" in str(e.value)
+    ok, _ = make_sampling_params({"stop_token_ids": [7], "max_new_tokens": 3})
+    RequestBuilder._refuse_tokenizer_work(GenerateReqInput(input_ids=[1, 2], image_data=["data:x"]), ok)  # no raise

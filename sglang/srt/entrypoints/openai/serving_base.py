@@ -223,6 +223,7 @@ class OpenAIServingBase:
 
     request_model: type[BaseModel]
     id_prefix: str
+    route_name: str  # its path, for messages
     refused_fields: dict[str, Refusal]  # upstream's and OpenAI's fields this endpoint does not implement
 
     def __init__(self, tokenizer_manager: TokenizerManager, model_name: str):
@@ -235,6 +236,9 @@ class OpenAIServingBase:
         created = time.time()
         tm = self.tokenizer_manager
         try:
+            if getattr(getattr(tm, "server_args", None), "skip_tokenizer_init", False):
+                raise GenerateError(f"{self.route_name} needs the tokenizer, which the server skips "
+                                    "(--skip-tokenizer-init): use /generate with input_ids")
             req = self._parse(await request.body())
             try:
                 groups = [obj.parallel_copies() for obj in self._convert_to_internal_requests(req, created)]

@@ -46,6 +46,7 @@ from sglang.srt.parser.reasoning_parser import prompt_opens_reasoning
 class OpenAIServingChat(OpenAIServingBase):
     request_model = ChatCompletionRequest
     id_prefix = "chatcmpl"
+    route_name = "/v1/chat/completions"
     refused_fields = CHAT_REFUSED
 
     # ------------------------------------------------------------------ server settings

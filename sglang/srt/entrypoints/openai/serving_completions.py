@@ -34,6 +34,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 class OpenAIServingCompletion(OpenAIServingBase):
     request_model = CompletionRequest
     id_prefix = "cmpl"
+    route_name = "/v1/completions"
     refused_fields = COMPLETION_REFUSED
 
     def _convert_to_internal_requests(self, req: CompletionRequest, created: float) -> list[GenerateReqInput]:
