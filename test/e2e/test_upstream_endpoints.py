@@ -174,14 +174,18 @@ def test_get_load_counts_a_running_request(server):
     """Upstream's /get_load (what sglang-router polls): one entry per replica, the running request and its
     KV tokens counted while it runs, nothing once it is gone."""
     wait_until(lambda: idle(server), 30, what="an idle server")
-    assert requests.get(server.url + "/get_load", timeout=10).json() == [
-        {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+    (idle_load,) = requests.get(server.url + "/get_load", timeout=10).json()
+    idle_load_tic = idle_load.pop("ts_tic")
+    assert isinstance(idle_load_tic, float)  # upstream's newer fields: the measuring time ...
+    assert idle_load == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0,
+                         "num_pending_tokens": 0}  # ... and the prompt tokens still to prefill
     body = {"text": "keep going", "stream": True, "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
     with requests.post(server.url + "/generate", json=body, stream=True, timeout=60) as r:
         lines = (ln for ln in r.iter_lines() if ln.startswith(b"data: "))
         next(lines)  # decoding now
         (load,) = requests.get(server.url + "/get_load", timeout=10).json()
         assert load["num_reqs"] == 1 and load["num_waiting_reqs"] == 0 and load["num_tokens"] > 2, load
+        assert load["num_pending_tokens"] == 0 and load["ts_tic"] > idle_load_tic, load
     wait_until(lambda: requests.get(server.url + "/get_load", timeout=10).json()[0]["num_reqs"] == 0, 30,
                what="the closed stream to be aborted")
 

@@ -214,12 +214,15 @@ class GetServerInfoReqOutput:
 @dataclass
 class GetLoadReqOutput:
     """One replica's load in upstream's /get_load fields: requests held (running + waiting), waiting ones,
-    and tokens (KV held by running requests plus prompts still to prefill)."""
+    tokens (KV held by running requests plus prompts still to prefill), the prompt tokens still to prefill
+    alone, and when it was measured."""
 
     dp_rank: int
     num_reqs: int
     num_waiting_reqs: int
     num_tokens: int
+    num_pending_tokens: int = 0  # prompt tokens still to prefill: waiting prompts and the chunked one's rest
+    ts_tic: float = 0.0  # the scheduler's time.perf_counter() when measured (upstream's field)
     req_id: int = 0
 
 

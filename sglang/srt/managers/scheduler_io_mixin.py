@@ -249,9 +249,13 @@ class SchedulerIOMixin:
         as waiting: they hold no KV yet but will."""
         held = self.running + ([self.chunked_req] if self.chunked_req else [])
         waiting = self.waiting + ([r for r, _ in self.grammar_queue.pending] if self.grammar_queue else [])
-        tokens = sum(r.kv_len for r in held) + sum(r.prompt_len - r.kv_len for r in waiting)
+        to_prefill = sum(r.prompt_len - r.kv_len for r in waiting)
+        tokens = sum(r.kv_len for r in held) + to_prefill
+        if self.chunked_req is not None:  # the rest of a prompt being prefilled in chunks
+            to_prefill += max(self.chunked_req.prompt_len - self.chunked_req.kv_len, 0)
         return GetLoadReqOutput(dp_rank=self.dp_rank, num_reqs=len(held) + len(waiting),
-                                num_waiting_reqs=len(waiting), num_tokens=tokens)
+                                num_waiting_reqs=len(waiting), num_tokens=tokens, num_pending_tokens=to_prefill,
+                                ts_tic=time.perf_counter())
 
     def report_load(self) -> None:
         """Tells the data-parallel controller this replica's load, when it changed since the last report."""

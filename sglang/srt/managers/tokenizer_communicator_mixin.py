@@ -68,7 +68,8 @@ class TokenizerCommunicatorMixin:
         """Every replica's load (upstream's /get_load list), by dp_rank."""
         outs = await self._control_all(GetLoadReq(), timeout)
         return [{"dp_rank": o.dp_rank, "num_reqs": o.num_reqs, "num_waiting_reqs": o.num_waiting_reqs,
-                 "num_tokens": o.num_tokens} for o in sorted(outs, key=lambda o: o.dp_rank)]
+                 "num_tokens": o.num_tokens, "num_pending_tokens": o.num_pending_tokens, "ts_tic": o.ts_tic}
+                for o in sorted(outs, key=lambda o: o.dp_rank)]
 
     async def _control_all(self, req: Any, timeout: float) -> list[Any]:
         """Sends a control request and waits for the reply of every data-parallel replica (the

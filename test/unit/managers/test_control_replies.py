@@ -78,13 +78,16 @@ def test_a_control_request_waits_for_every_replica_and_get_load_orders_them():
         while not tm._send_sock.sent:
             await asyncio.sleep(0)
         rid = tm._send_sock.sent[0].req_id
-        tm._resolve_control(GetLoadReqOutput(dp_rank=1, num_reqs=3, num_waiting_reqs=1, num_tokens=70, req_id=rid))
+        tm._resolve_control(GetLoadReqOutput(dp_rank=1, num_reqs=3, num_waiting_reqs=1, num_tokens=70,
+                                              num_pending_tokens=20, ts_tic=5.0, req_id=rid))
         await asyncio.sleep(0)
         assert not task.done()
         tm._resolve_control(GetLoadReqOutput(dp_rank=0, num_reqs=0, num_waiting_reqs=0, num_tokens=0, req_id=rid))
         loads = await task
-        assert loads == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0},
-                         {"dp_rank": 1, "num_reqs": 3, "num_waiting_reqs": 1, "num_tokens": 70}]
+        assert loads == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0,
+                          "num_pending_tokens": 0, "ts_tic": 0.0},
+                         {"dp_rank": 1, "num_reqs": 3, "num_waiting_reqs": 1, "num_tokens": 70,
+                          "num_pending_tokens": 20, "ts_tic": 5.0}]
         assert tm._control_waiters == {}
 
     asyncio.run(scenario())

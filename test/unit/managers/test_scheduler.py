@@ -289,3 +289,22 @@ def test_data_parallel_replicas_draw_their_own_seed_streams(model):
     first = sampled(0, dp_size=2)
     assert sampled(1, dp_size=2) != first
     assert sampled(0) == first
+
+
+def test_get_load_counts_prompt_tokens_still_to_prefill(model):
+    """/get_load's num_pending_tokens (upstream's newer field): waiting prompts plus the rest of the prompt
+    being prefilled in chunks; num_tokens adds the KV held; ts_tic moves forward."""
+    path, _, _ = model
+    s = InProcessScheduler(path, chunked_prefill_size=16)
+    s.submit(_text(40, 1), None, max_new_tokens=2, ignore_eos=True)
+    s.submit(_text(30, 2), None, max_new_tokens=2, ignore_eos=True)
+    first = s.sched.get_load()
+    assert (first.num_reqs, first.num_waiting_reqs, first.num_pending_tokens, first.num_tokens) == (2, 2, 70, 70)
+    s.step()  # the first 16 tokens of the 40-token prompt
+    load = s.sched.get_load()
+    assert s.sched.chunked_req is not None and load.num_pending_tokens == 70 - 16 and load.num_tokens == 16 + 30
+    assert load.ts_tic > first.ts_tic
+    s.run_until_idle()
+    idle = s.sched.get_load()
+    assert (idle.num_reqs, idle.num_pending_tokens, idle.num_tokens) == (0, 0, 0)
+    s.assert_no_leak()
