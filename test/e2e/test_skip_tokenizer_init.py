@@ -73,3 +73,28 @@ def test_openai_client_is_refused_naming_the_flag(ids_server):
 def test_health_generate_and_ready_work_without_the_tokenizer(ids_server):
     assert requests.get(ids_server.url + "/health_generate", timeout=60).status_code == 200
     assert requests.get(ids_server.url + "/ready", timeout=60).status_code == 200
+
+
+def test_engine_ids_only_with_stream_output(model_dir, hf_ref):
+    """The offline sglang.Engine with both flags (how verl and slime drive it): ids in, ids out, no text,
+    streamed chunks holding only the new ids; a text prompt is refused naming the flag."""
+    import sglang
+    from conftest import TEST_DEVICE
+    from sglang.srt.errors import GenerateError
+
+    _, tmpl, images = build_case(CASES["text_only"])
+    ids = hf_ref.tokenizer.encode(hf_ref.render(tmpl), add_special_tokens=False)
+    ref = hf_ref.greedy("text_only", tmpl, images, MAX_NEW)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        engine = sglang.Engine(model_path=str(model_dir), dtype="float32", device=TEST_DEVICE, log_level="warning",
+                               max_total_tokens=1024, skip_tokenizer_init=True, stream_output=True)
+    try:
+        out = engine.generate(input_ids=ids, sampling_params=GREEDY)
+        assert out["output_ids"] == ref and "text" not in out
+        chunks = list(engine.generate(input_ids=ids, sampling_params=GREEDY, stream=True))
+        assert [t for c in chunks for t in c["output_ids"]] == ref and len(chunks) > 1
+        with pytest.raises(GenerateError, match="--skip-tokenizer-init"):
+            engine.generate("hello", sampling_params=GREEDY)
+    finally:
+        engine.shutdown()

@@ -368,14 +368,18 @@ class Engine:
         return list(await asyncio.gather(*(self._collect(o) for o in objs)))
 
     def _chunks(self, objs) -> AsyncIterator[dict]:
-        """Cumulative chunks of one request; of several (a batch, n samples), every request's chunks as
-        they come, each tagged "index" as /generate tags them. Runs on the engine's loop."""
+        """Cumulative chunks of one request (only what is new in each with --stream-output); of several (a
+        batch, n samples), every request's chunks as they come, each tagged "index" as /generate tags them.
+        Runs on the engine's loop."""
+        from sglang.srt.entrypoints.native_generate import stream_deltas
         from sglang.srt.entrypoints.openai.serving_base import indexed_chunks, merge_streams
 
         tm = self.tokenizer_manager
         if len(objs) == 1:
-            return tm.generate_request(objs[0])
-        return indexed_chunks(merge_streams([tm.generate_request(o) for o in objs]))
+            chunks = tm.generate_request(objs[0])
+        else:
+            chunks = indexed_chunks(merge_streams([tm.generate_request(o) for o in objs]))
+        return stream_deltas(chunks) if self.server_args.stream_output else chunks
 
     def _stream(self, objs) -> Iterator[dict]:
         agen = self._chunks(objs)
