@@ -9,9 +9,10 @@ marked ``gpu``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
-__all__ = ["triton_available"]
+__all__ = ["pick_backend", "triton_available"]
 
 __version__ = "0.1.0"
 
@@ -37,3 +38,18 @@ def triton_available() -> bool:
     if os.environ.get("TRITON_INTERPRET", "") == "1":
         return True
     return _cuda_available()
+
+
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def pick_backend(backend: str, t) -> str:
+    """A dispatcher's `backend` argument resolved for tensor `t`: "auto" takes the Triton kernel for CUDA
+    tensors when triton imports, else the torch path; "triton" and "torch" force one (the kernel runs on
+    CPU tensors only under TRITON_INTERPRET=1)."""
+    if backend == "auto":
+        return "triton" if t.is_cuda and _triton_importable() else "torch"
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"unknown backend {backend!r}; use auto, triton or torch")
+    return backend

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.layers.moe import FusedMoE, fused_experts_torch, select_experts
+from sgl_kernel.moe import fused_experts_torch
+from sglang.srt.layers.moe import FusedMoE, select_experts
 
 
 def dense_reference(x, w13, w2, weights, ids):

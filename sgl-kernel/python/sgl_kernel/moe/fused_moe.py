@@ -8,21 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _pick(backend: str, t: torch.Tensor) -> str:
-    if backend == "auto":
-        return "triton" if t.is_cuda and _triton_importable() else "torch"
-    if backend not in ("torch", "triton"):
-        raise ValueError(f"backend must be auto, torch or triton, got {backend!r}")
-    return backend
+from sgl_kernel import pick_backend
 
 
 # ----------------------------------------------------------------------------- router
@@ -41,7 +27,7 @@ def topk_softmax_torch(router_logits: torch.Tensor, top_k: int, renormalize: boo
 def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool, backend: str = "auto"):
     if router_logits.dim() != 2 or not 0 < top_k <= router_logits.shape[1]:
         raise ValueError(f"topk_softmax: logits [T, E] with 0 < top_k <= E, got {tuple(router_logits.shape)}, k={top_k}")
-    if _pick(backend, router_logits) == "torch":
+    if pick_backend(backend, router_logits) == "torch":
         return topk_softmax_torch(router_logits, top_k, renormalize)
     from sgl_kernel.moe._moe_triton import topk_softmax_triton
 
@@ -159,6 +145,6 @@ def fused_experts_triton(x, w13, w2, topk_weights, topk_ids, config: dict | None
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     _check(x, w13, w2, topk_weights, topk_ids)
-    if _pick(backend, x) == "torch":
+    if pick_backend(backend, x) == "torch":
         return fused_experts_torch(x, w13, w2, topk_weights, topk_ids)
     return fused_experts_triton(x, w13.contiguous(), w2.contiguous(), topk_weights, topk_ids)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sgl_kernel import pick_backend
+
 FP8_E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
 DEFAULT_GROUP = 128
@@ -97,26 +99,10 @@ def w8a8_block_fp8_matmul_torch(a_q: torch.Tensor, a_s: torch.Tensor, b_q: torch
     return (a @ b.t()).to(out_dtype)
 
 
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _pick(backend: str, t: torch.Tensor) -> str:
-    if backend == "auto":
-        return "triton" if t.is_cuda and _triton_importable() else "torch"
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"unknown backend {backend!r}; use auto, triton or torch")
-    return backend
-
-
 def per_token_group_quant_fp8(x: torch.Tensor, group_size: int = DEFAULT_GROUP, backend: str = "auto"
                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) -> (x_q, scales) as the torch reference; "auto": the Triton kernel for CUDA tensors."""
-    if _pick(backend, x) == "torch":
+    if pick_backend(backend, x) == "torch":
         return per_token_group_quant_fp8_torch(x, group_size)
     _check_2d("per_token_group_quant_fp8", "x", x)
     from sgl_kernel.quantization._fp8_triton import per_token_group_quant_fp8_triton
@@ -128,7 +114,7 @@ def w8a8_block_fp8_matmul(a_q: torch.Tensor, a_s: torch.Tensor, b_q: torch.Tenso
                           block: tuple[int, int] = (DEFAULT_GROUP, DEFAULT_GROUP), out_dtype: torch.dtype = torch.bfloat16,
                           backend: str = "auto") -> torch.Tensor:
     """(M, K) x (N, K)^T -> (M, N) in `out_dtype`, float32 accumulation; "auto": the Triton kernel on CUDA."""
-    if _pick(backend, a_q) == "torch":
+    if pick_backend(backend, a_q) == "torch":
         return w8a8_block_fp8_matmul_torch(a_q, a_s, b_q, b_s, block, out_dtype)
     _check_matmul(a_q, a_s, b_q, b_s, block)
     from sgl_kernel.quantization._fp8_triton import w8a8_block_fp8_matmul_triton

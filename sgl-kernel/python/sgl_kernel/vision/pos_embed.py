@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sgl_kernel import pick_backend
+
 
 def _check(table: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> None:
     if table.dim() != 2 or idx.dim() != 2 or weights.shape != idx.shape:
@@ -36,14 +38,6 @@ def gather_blend_rows_torch(
     return out.to(out_dtype)
 
 
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def gather_blend_rows(
     table: torch.Tensor,
     idx: torch.Tensor,
@@ -56,12 +50,8 @@ def gather_blend_rows(
 
     backend "auto" takes the Triton kernel for CUDA tensors when triton imports, else the torch path;
     "triton" forces the kernel (on CPU only under TRITON_INTERPRET=1, float32); "torch" the fallback."""
-    if backend == "auto":
-        backend = "triton" if table.is_cuda and _triton_importable() else "torch"
-    if backend == "torch":
+    if pick_backend(backend, table) == "torch":
         return gather_blend_rows_torch(table, idx, weights, out_dtype)
-    if backend != "triton":
-        raise ValueError(f"unknown backend {backend!r}; use auto, triton or torch")
     _check(table, idx, weights)
     from sgl_kernel.vision._pos_embed_triton import gather_blend_rows_triton
 

@@ -2,13 +2,12 @@
 
 Each rank holds every expert with a 1/tp slice of its intermediate dim: `gate_up_proj` [E, 2*I/tp, H]
 (this rank's gate rows, then its up rows: column-parallel) and `down_proj` [E, H, I/tp] (row-parallel);
-each rank's partial sums are all-reduced. The product runs the sgl-kernel Triton path on CUDA and
-`fused_experts_torch` elsewhere."""
+each rank's partial sums are all-reduced. The product runs the sgl-kernel Triton path on CUDA and its
+torch reference elsewhere."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
@@ -16,47 +15,12 @@ from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, divide
 from sglang.srt.model_loader.weight_utils import materialize
 
 
-def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                        topk_ids: torch.Tensor) -> torch.Tensor:
-    """sum_k w_k * down_e(silu(gate_e(x)) * up_e(x)) over each token's k experts, e = topk_ids.
-
-    x [T, H]; w13 [E, 2N, H] (gate rows then up rows); w2 [E, H, N]; topk_weights [T, k]; topk_ids [T, k].
-    Tokens are grouped by expert and only experts that received tokens are computed."""
-    t, k = topk_ids.shape
-    out = torch.zeros_like(x)
-    if t == 0:
-        return out
-    flat = topk_ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
-    token_of = order // k
-    weight_of = topk_weights.reshape(-1)[order].to(x.dtype)
-    start = 0
-    for expert, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = token_of[start : start + n]
-        gate, up = F.linear(x[rows], w13[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[expert]) * weight_of[start : start + n, None]
-        out.index_add_(0, rows, y)
-        start += n
-    return out
-
-
-def triton_moe_available() -> bool:
-    """sgl-kernel's MoE kernels (and triton) import: CUDA tensors then take them."""
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("sgl_kernel") is not None
-
-
 def fused_experts(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
-    """The Triton grouped GEMM (`sgl_kernel.moe.fused_experts`) for CUDA tensors, the torch path elsewhere."""
-    if x.is_cuda and triton_moe_available():
-        from sgl_kernel.moe import fused_experts as kernel
+    """The Triton grouped GEMM for CUDA tensors, the torch path (only the experts that received tokens)
+    elsewhere: `sgl_kernel.moe.fused_experts`."""
+    from sgl_kernel.moe import fused_experts as kernel
 
-        return kernel(x, w13, w2, topk_weights, topk_ids, backend="triton")
-    return fused_experts_torch(x, w13, w2, topk_weights, topk_ids)
+    return kernel(x, w13, w2, topk_weights, topk_ids)
 
 
 class FusedMoE(nn.Module):
