@@ -15,7 +15,7 @@ from sglang.srt.distributed.communication_op import (
     tensor_model_parallel_all_reduce,
 )
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, divide
-from sglang.srt.layers.quantization.base import LinearLayout, RowPart
+from sglang.srt.layers.quantization.base import LinearLayout, RowPart, column_tp_sizes
 from sglang.srt.model_loader.weight_utils import materialize
 
 
@@ -206,11 +206,8 @@ class RowParallelLinear(LinearBase):
         return LinearLayout((RowPart(0, 0, self.out_features),), self.tp.rank * self.in_features, self.in_features)
 
     def tp_sizes_hint(self) -> str:
-        from math import gcd
-
         full = self.in_features * self.tp.size
-        ok = [t for t in (1, 2, 4, 8, 16) if full % t == 0 and (t == 1 or gcd(128, full // t) >= 16)]
-        return f"; input features {full}: TP sizes that work: {', '.join(map(str, ok))}"
+        return f"; input features {full}: TP sizes that work: {', '.join(map(str, column_tp_sizes(full, 128)))}"
 
     def weight_loader(self, param, loaded, shard_id=None):
         if param.dim() == 1:  # bias is added once, after the reduction

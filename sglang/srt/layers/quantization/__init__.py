@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang.srt.layers.quantization.base import QuantizationError
+from sglang.srt.layers.quantization.base import QuantizationError, column_groups_ok, column_tp_sizes
 from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod
 
 # --quantization values; a checkpoint's own quantization_config is read whatever this says
@@ -57,15 +57,12 @@ def startup_problem(raw: dict[str, Any], flag: str | None, tp_size: int) -> str 
                 "Qwen3-VL-MoE model without --quantization")
     if config is None or not config.serialized or tp_size == 1:
         return None
-    from math import gcd
-
-    text = raw.get("text_config", raw)
     heads, head_dim = text.get("num_attention_heads", 0), text.get("head_dim") or 0
     inputs = {"o_proj": heads * head_dim, "down_proj": text.get("intermediate_size", 0)}
     bk = config.block[1]
     for name, k in inputs.items():
-        if k and (k % tp_size or gcd(bk, k // tp_size) < 16):
-            ok = [t for t in (1, 2, 4, 8, 16) if k % t == 0 and (t == 1 or gcd(bk, k // t) >= 16)]
+        if k and not column_groups_ok(k, tp_size, bk):
+            ok = column_tp_sizes(k, bk)
             return (f"FP8 block scales: --tp-size {tp_size} cuts {name}'s {k} input features into shards that start "
                     f"inside a {bk}-column block off a 16-column grid; TP sizes that work: {', '.join(map(str, ok))}")
     return None

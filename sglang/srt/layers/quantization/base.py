@@ -7,6 +7,21 @@ from dataclasses import dataclass
 from math import gcd
 
 
+# the narrowest column group a block-FP8 GEMM takes (tl.dot's smallest tile); activation groups follow it
+MIN_GROUP = 16
+
+
+def column_groups_ok(in_features: int, tp_size: int, block: int) -> bool:
+    """Row-parallel shards of `in_features` columns over `tp_size` ranks start on a grid of at least
+    MIN_GROUP columns inside `block`-column scale blocks (rank 0 alone starts on a block)."""
+    return in_features % tp_size == 0 and (tp_size == 1 or gcd(block, in_features // tp_size) >= MIN_GROUP)
+
+
+def column_tp_sizes(in_features: int, block: int) -> list[int]:
+    """The TP sizes up to 16 at which `in_features` columns can be served (for refusals that name them)."""
+    return [t for t in (1, 2, 4, 8, 16) if column_groups_ok(in_features, t, block)]
+
+
 class QuantizationError(ValueError):
     """A checkpoint or flag asking for a quantization this engine cannot serve (one line, at start-up)."""
 

@@ -15,11 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from sglang.srt.layers.quantization.base import LinearLayout, QuantizationError
+from sglang.srt.layers.quantization.base import MIN_GROUP, LinearLayout, QuantizationError
 from sglang.srt.model_loader.weight_utils import materialize
 
 FP8_DTYPE = torch.float8_e4m3fn
-MIN_GROUP = 16
 
 
 def normalize_module_name(name: str) -> str:
