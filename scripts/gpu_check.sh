@@ -126,8 +126,11 @@ gpu_check_install() {
     local constraints="$GPU_CACHE/constraints.txt"
     if [[ -n "$torch_version" ]]; then echo "torch==$torch_version" >"$constraints"; else : >"$constraints"; fi
     local pip_cmd=("$PYTHON" -m pip install -q --no-index --disable-pip-version-check -c "$constraints")
-    echo "+ pip install --no-index --find-links $WHEELS_DIR $WHEELS_DIR/*.whl (torch pinned to ${torch_version:-none})"
-    "${pip_cmd[@]}" --find-links "$WHEELS_DIR" "$WHEELS_DIR"/*.whl || echo "WARNING: pip failed (rc=$?)"
+    # --no-deps: the folder carries every wheel the image lacks, and a resolver pass over the image's
+    # own packages can refuse the whole set over one pin it cannot satisfy offline (xgrammar 0.2.8 did),
+    # installing nothing. The module check below is what decides.
+    echo "+ pip install --no-index --no-deps $WHEELS_DIR/*.whl (torch pinned to ${torch_version:-none})"
+    "${pip_cmd[@]}" --no-deps "$WHEELS_DIR"/*.whl || echo "WARNING: pip failed (rc=$?)"
     "${pip_cmd[@]}" --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
         || echo "editable install of . failed; the checkout is on PYTHONPATH"
     "${pip_cmd[@]}" --no-deps --no-build-isolation -e sgl-kernel >/dev/null 2>&1 \

@@ -166,7 +166,7 @@ def first_steps() -> list[Step]:
     attention kernels at the real shapes."""
     junit = '--junitxml="$OUT/junit-first-{}.xml"'
     return [
-        Step("first: kernels", 70,
+        Step("first: kernels", 100,
              '"$PYTHON" -m pytest -q -m gpu -p no:cacheprovider ' + junit.format("kernels")
              + " sgl-kernel/tests test/unit/layers/test_vision_pos_embed.py "
                "test/unit/model_executor/test_cuda_graph_runner.py",
@@ -188,7 +188,7 @@ def first_steps() -> list[Step]:
              f'"$PYTHON" benchmark/performance/bench_forward.py --model-path {FIRST_MODEL} --device cuda '
              '--dtype bfloat16 --decode-batch-sizes 1,32,64 --repeat 2 --output "$RAW/first-forward.json"',
              display="decode step vs the bandwidth floor, prefill tok/s and MFU, ViT MFU"),
-        Step("first: serving", 110,
+        Step("first: serving", 90,
              f'"$PYTHON" benchmark/multimodal/run_hash_serving_ab.py --modes on --model-path {FIRST_MODEL} '
              "--device cuda --dtype bfloat16 --num-prompts 384 --max-concurrency 16 --random-input-len 128 "
              '--random-output-len 64 --warmup 4 --output "$RAW/first-serving.json"',
