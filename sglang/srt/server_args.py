@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_origin, get_type_hints
 
+from sglang.srt.configs.attention_defaults import default_attention_backends
 from sglang.srt.port_args import PortArgs  # noqa: F401  (upstream's import path)
 from sglang.srt.server_args_checks import check_and_normalize
 from sglang.srt.server_args_values import (
@@ -225,10 +226,9 @@ class ServerArgs:
     def resolved_attention_backends(self) -> tuple[str, str]:
         """(language model, vision tower) attention. On CUDA our Triton kernels unless told otherwise;
         elsewhere the pure-torch paths (Triton runs on CPU only interpreted: for tests, asked for)."""
-        on_cuda = self.resolved_device() == "cuda" and _triton_importable()
-        lm = self.attention_backend if self.attention_backend != "auto" else ("triton" if on_cuda else "torch_native")
-        mm = self.mm_attention_backend or ("triton" if on_cuda else "sdpa")
-        return lm, mm
+        lm_auto, mm_auto = default_attention_backends(self.resolved_device())
+        lm = self.attention_backend if self.attention_backend != "auto" else lm_auto
+        return lm, self.mm_attention_backend or mm_auto
 
     def resolved_model_path(self) -> str:
         """`model_path` as a local directory, or the embedded default model when none is given
@@ -305,12 +305,6 @@ def _base_type(typ):
     return typ
 
 
-
-
-def _triton_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("sgl_kernel") is not None
 
 
 def derive_max_running_requests(max_total_tokens: int, context_length: int) -> int:

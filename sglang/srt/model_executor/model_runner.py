@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang.srt.configs.attention_defaults import default_attention_backends
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
@@ -34,8 +35,8 @@ class ModelRunnerConfig:
     mem_fraction_static: float = 0.85
     max_running_requests: int | None = 64  # request-table rows; None: derived from this rank's KV budget
     context_length: int | None = None
-    attention_backend: str = "torch_native"
-    mm_attention_backend: str = "sdpa"
+    attention_backend: str = "auto"  # auto: triton on CUDA, torch_native elsewhere (configs/attention_defaults.py)
+    mm_attention_backend: str = "auto"  # auto: triton on CUDA, sdpa elsewhere
     attention_fp32_precision: str = "tf32"  # Triton attention on CUDA float32: tf32 or ieee
     # device bytes other processes take on this rank's GPU after the KV budget is fixed (the cuda_ipc
     # feature pool and the contexts that map it), by what takes them: subtracted from the KV budget
@@ -84,9 +85,11 @@ class ModelRunner:
             self.kv_dtype, self.device, kv_scales,
         )
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, "cpu", cfg.page_size)  # host bookkeeping: slots reach the device with the step metadata
-        self.attn_backend = create_attention_backend(cfg.attention_backend,
-                                                     fp32_precision=cfg.attention_fp32_precision)
-        configure_vision_attention(self.model, cfg.mm_attention_backend, cfg.attention_fp32_precision)
+        lm_auto, mm_auto = default_attention_backends(self.device.type)
+        self.attention_backend = lm_auto if cfg.attention_backend == "auto" else cfg.attention_backend
+        self.mm_attention_backend = mm_auto if cfg.mm_attention_backend == "auto" else cfg.mm_attention_backend
+        self.attn_backend = create_attention_backend(self.attention_backend, fp32_precision=cfg.attention_fp32_precision)
+        configure_vision_attention(self.model, self.mm_attention_backend, cfg.attention_fp32_precision)
         # switches resolved once here: the embedding strategy and its cache are fixed for the process
         self.mm_embedder = MultimodalEmbedder(MultimodalEmbedConfig.from_env())
         self.cuda_graph_runner = self._init_cuda_graphs()
