@@ -13,9 +13,9 @@ keys its last query can see, so memory is bounded by the tile, whatever the cont
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, register_attention_backend
+from sglang.srt.layers.attention.sdpa import sdpa
 
 SCORE_TILE_BYTES = 64 << 20  # float32 scores of one (heads x query tile x keys) block
 
@@ -68,7 +68,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 # within the tile, query j (absolute prefix + lo + j) sees keys 0..prefix + lo + j
                 mask = None if hi - lo == 1 else torch.ones(
                     hi - lo, visible, dtype=torch.bool, device=q.device).tril(prefix + lo)
-                o = F.scaled_dot_product_attention(
+                o = sdpa(
                     q[start + lo : start + hi].transpose(0, 1), keys[:, :visible], vals[:, :visible],
                     attn_mask=mask, scale=layer.scaling, enable_gqa=gqa,
                 )
@@ -81,7 +81,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         slots = self._decode_slots
         keys = pool.get_key_buffer(layer.layer_id)[slots].to(q.dtype)  # (B, L, Hk, D)
         vals = pool.get_value_buffer(layer.layer_id)[slots].to(q.dtype)
-        out = F.scaled_dot_product_attention(
+        out = sdpa(
             q.unsqueeze(2), keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=self._decode_mask,
             scale=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
         )  # (B, Hq, 1, D)

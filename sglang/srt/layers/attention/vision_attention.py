@@ -5,24 +5,24 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.layers.attention.sdpa import sdpa
 from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import apply_rotary_vision
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float):
     """q/k/v: (N, H, D); attention within each [cu_seqlens[i], cu_seqlens[i+1]) segment only.
-    One SDPA call per segment (the "sdpa" backend; the reference)."""
+    One SDPA call per segment (the "sdpa" backend; the reference), on 4-D views: torch runs 3-D inputs
+    on its math backend only, which materializes every segment's score matrix."""
     out = torch.empty_like(q)
     for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:]):
         if e > s:
-            seg = F.scaled_dot_product_attention(
-                q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), scale=scale
-            )
-            out[s:e] = seg.transpose(0, 1)
+            seg = sdpa(q[s:e].transpose(0, 1)[None], k[s:e].transpose(0, 1)[None], v[s:e].transpose(0, 1)[None],
+                       scale=scale)
+            out[s:e] = seg[0].transpose(0, 1)
     return out
 
 
