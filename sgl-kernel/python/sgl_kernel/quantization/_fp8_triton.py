@@ -27,7 +27,10 @@ def _round_to_e4m3(y):
     step = ((e + 127) << 23).to(tl.float32, bitcast=True)
     inv_step = ((127 - e) << 23).to(tl.float32, bitcast=True)
     r = ((mag * inv_step + 12582912.0) - 12582912.0) * step  # 1.5 * 2^23: round half to even
-    return tl.where(y < 0, -r, r)
+    # y's sign bit onto r, not where(y < 0, -r, r): compiled, -r of 0.0 came out +0.0 where the reference
+    # has -0.0 (tiny negative inputs; bit-exact tests on an H200, 2026-11-26)
+    sign = y.to(tl.int32, bitcast=True) & -2147483648
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
