@@ -151,11 +151,17 @@ def test_cuda_kernels_equal_the_reference(m, n, k):
     x = (torch.randn(m, k) * 3).cuda().to(torch.bfloat16)
     q, s = per_token_group_quant_fp8(x)
     qr, sr = per_token_group_quant_fp8_torch(x)
-    assert torch.equal(s, sr) and torch.equal(_bits(q), _bits(qr))
+    assert torch.equal(s, sr)
+    bad = (_bits(q) != _bits(qr)).nonzero().tolist()
+    assert not bad, [(x[i, j].item(), s[i, j // 128].item(), x[i, j].item() / s[i, j // 128].item(),
+                      q[i, j].float().item(), qr[i, j].float().item()) for i, j in bad[:6]] + [len(bad)]
     b_q, b_s = quantize_weight_block_fp8((torch.randn(n, k) * 0.02).cuda())
     out = w8a8_block_fp8_matmul(q, s, b_q, b_s, out_dtype=torch.float32)
     ref = w8a8_block_fp8_matmul_torch(q, s, b_q, b_s)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    # Hopper's fp8 tensor-core dots accumulate with fewer mantissa bits than float32 inside each K block
+    # (hence the per-block scale-and-add in float32): off the reference by up to ~2.4e-4 of max|ref| at
+    # these shapes (H200, 2026-11-26), against exact float32 sums in the reference
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3 * ref.abs().max().item())
     bf = w8a8_block_fp8_matmul(q, s, b_q, b_s)
     assert bf.dtype == torch.bfloat16
     torch.testing.assert_close(bf.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())

@@ -152,6 +152,43 @@ def test_seeded_row_does_not_depend_on_the_batch(interp):
         assert int(alone[0]) == int(whole[i])
 
 
+def _sample_ties_kept(logits, t, k, p, mp, seeds, steps):
+    """The kernel's rule written out on values, not ranks: token i is kept iff #{x_j > x_i} < k and
+    sum_{x_j > x_i} p_j < top_p (and the min-p rule), so every member of a tie at the boundary is kept
+    together. Without ties this is the rank rule of `sample_from_logits_torch`; with bf16 logits (many
+    exact ties) it is the rule the kernel promises, where the rank rule splits a tie by sort order."""
+    x = logits.double() * torch.where(t <= 0, 1.0, 1.0 / torch.where(t <= 0, 1.0, t)).double()[:, None]
+    v = x.shape[1]
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    prob = torch.softmax(sorted_x, dim=-1)
+    neg = (-sorted_x).contiguous()
+    first = torch.searchsorted(neg, neg)  # index of the first member of each value's tie group
+    mass_greater = (prob.cumsum(dim=-1) - prob).gather(1, first)
+    kk = torch.where((k < 1) | (k > v), v, k)
+    keep = (first < kk[:, None]) & ((mass_greater < p.double()[:, None]) | (p[:, None] >= 1.0))
+    min_x = torch.where(mp > 0, sorted_x[:, 0] + torch.log(torch.where(mp > 0, mp, 1.0)).double(), float("-inf"))
+    keep &= sorted_x >= min_x[:, None]
+    kept = torch.zeros_like(keep).scatter_(1, order, keep)
+    u = hash_uniform_torch(seeds, steps, v).double()
+    race = torch.where(kept, x - u.log().neg().log(), float("-inf"))
+    return torch.where(t <= 0, x.argmax(dim=-1), race.argmax(dim=-1))
+
+
+def test_kernel_keeps_whole_ties_at_the_top_k_boundary(interp):
+    """Logits on a coarse grid tie in runs; top-k 3 cuts through a tie: the kernel keeps all of it, which
+    the value rule reproduces, and the rank rule does not for some seed (it keeps exactly 3)."""
+    v, b = 64, 24
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(b, v, generator=g) * 2).round() / 2  # multiples of 0.5: many exact ties
+    t = torch.full((b,), 1.0)
+    k = torch.full((b,), 3, dtype=torch.int64)
+    p, mp = torch.ones(b), torch.zeros(b)
+    seeds, steps = torch.arange(b, dtype=torch.int64) * 7919, torch.arange(b, dtype=torch.int64)
+    got = sample_from_logits(logits, t, k, p, mp, seeds, steps)
+    assert torch.equal(got, _sample_ties_kept(logits, t, k, p, mp, seeds, steps))
+    assert not torch.equal(got, sample_from_logits_torch(logits, t, k, p, mp, seeds, steps))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -170,5 +207,10 @@ def test_cuda_kernel_matches_reference_at_model_shapes(dtype):
     args = [a.cuda() for a in (t, k, p, mp, seeds, steps)]
     got = sample_from_logits(logits.cuda(), *args).cpu()
     want = sample_from_logits_torch(logits, t, k, p, mp, seeds, steps)
-    agree = (got == want).float().mean().item()
-    assert agree >= (1.0 if dtype == torch.float32 else 0.9), agree
+    if dtype == torch.float32:  # distinct logits: the rank rule and the kernel's value rule agree
+        assert torch.equal(got, want)
+    # bf16 makes exact ties at the top-k / top-p boundary: the kernel keeps a whole tie; float sums in
+    # another order may still move a token sitting on the top-p boundary, hence not 1.0 (seen: 0.58
+    # against the rank rule on an H200, 2026-11-26)
+    agree = (got == _sample_ties_kept(logits, t, k, p, mp, seeds, steps)).float().mean().item()
+    assert agree >= (1.0 if dtype == torch.float32 else 0.95), agree

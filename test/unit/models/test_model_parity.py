@@ -116,39 +116,55 @@ def test_greedy_tokens_match_generate(setup):
     assert ours == ref
 
 
-# bf16 on the GPU: the same weights in bf16 on both sides. Logits differ by rounding, so the bound
-# is looser and stated here; greedy agreement over a few prompts is reported (and must stay high).
-BF16_LOGIT_REL_TOL = 3e-2
-BF16_MIN_GREEDY_AGREEMENT = 0.75
+# bf16: the same weights in bf16 on both sides, judged against the float32 reference. transformers' own
+# bf16 logits sit 2-10% (max-abs relative) off its float32 ones on these random-weight models (CPU and an
+# H200, 2026-11-26), so a fixed bound on ours-vs-transformers-bf16 measures two roundings at once (5.1e-2 on
+# the H200 against the 3e-2 once written here). The claim is that ours rounds no worse than transformers:
+# our bf16 error against float32 within BF16_ERR_RATIO of transformers' bf16 error, and our greedy tokens
+# agreeing with the float32 ones nearly as often as transformers' bf16 tokens do (a MoE router flips
+# experts in bf16: both sides' logits move by ~0.7 of their range there, and agreement drops with it).
+BF16_ERR_RATIO = 1.5
+BF16_AGREEMENT_SLACK = 0.15
+BF16_DEVICES = [pytest.param("cpu", marks=pytest.mark.slow),
+                pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+                    not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 parity runs on CUDA only")
+@pytest.mark.parametrize("device", BF16_DEVICES)
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_bf16_logits_and_greedy_agreement_on_cuda(tiny_model_dir, name):
+def test_bf16_rounds_no_worse_than_transformers(tiny_model_dir, name, device):
     from sglang.srt.model_executor.static_batch import StaticSeq
 
     path = str(tiny_model_dir(name))
-    hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).eval().to("cuda")
-    _, sb = make_runner(path, dtype="bfloat16", device="cuda")
+    hf32 = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval().to(device)
+    hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).eval().to(device)
+    _, sb = make_runner(path, dtype="bfloat16", device=device)
     proc = small_processor(path, **MODELS[name])
-    errs, agree, total = [], 0, 0
+    ours_errs, hf_errs, agree, hf_agree, total = [], [], 0, 0, 0
     for seed, case in enumerate(sorted(CASES)):
         ids, mm = _prompt(CASES[case], proc, seed=seed)
         (ours,) = our_logits(sb, [(ids, mm)])
-        errs.append(rel_err(ours, hf_logits(hf, ids, mm.mm_items)))
+        ref = hf_logits(hf32, ids, mm.mm_items)
+        ours_errs.append(rel_err(ours, ref))
+        hf_errs.append(rel_err(hf_logits(hf, ids, mm.mm_items), ref))
         seq = StaticSeq(ids, mm)
         try:
             mine = sb.generate_greedy([seq], max_new_tokens=8)[0]
         finally:
             sb.release([seq])
-        kwargs = hf_inputs(hf, ids, mm.mm_items)
-        with torch.no_grad():
-            ref = hf.generate(**kwargs, attention_mask=torch.ones_like(kwargs["input_ids"]), max_new_tokens=8,
-                              min_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
-        agree += sum(a == b for a, b in zip(mine, ref))
-        total += len(ref)
-    print(f"\n{name} bf16 on {torch.cuda.get_device_name()}: max logit rel err {max(errs):.2e}, "
-          f"greedy agreement {agree}/{total} = {agree / total:.1%}")
-    assert max(errs) <= BF16_LOGIT_REL_TOL
-    assert agree / total >= BF16_MIN_GREEDY_AGREEMENT
+        want, theirs = (_hf_greedy(model, ids, mm.mm_items) for model in (hf32, hf))
+        agree += sum(a == b for a, b in zip(mine, want))
+        hf_agree += sum(a == b for a, b in zip(theirs, want))
+        total += len(want)
+    where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"\n{name} bf16 on {where}: max logit rel err vs float32: ours {max(ours_errs):.2e}, transformers "
+          f"{max(hf_errs):.2e}; greedy tokens equal to float32's: ours {agree}/{total}, transformers {hf_agree}/{total}")
+    assert max(ours_errs) <= BF16_ERR_RATIO * max(hf_errs)
+    assert agree / total >= hf_agree / total - BF16_AGREEMENT_SLACK
+
+
+def _hf_greedy(hf, ids, items, n: int = 8) -> list[int]:
+    kwargs = hf_inputs(hf, ids, items)
+    with torch.no_grad():
+        return hf.generate(**kwargs, attention_mask=torch.ones_like(kwargs["input_ids"]), max_new_tokens=n,
+                           min_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
