@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import requests
 
 from sglang.srt.utils.process_tree import memory_status
@@ -26,6 +27,7 @@ def _score(server, n_tokens: int, seed: int) -> dict:
     return r.json()
 
 
+@pytest.mark.slow  # a 32k-token prompt: ~63 s on 2 cores
 def test_peak_scheduler_memory_does_not_grow_with_prompt_times_context(launch_server):
     s = launch_server("--context-length", str(CONTEXT), "--max-total-tokens", str(CONTEXT),
                       "--chunked-prefill-size", "8192")

@@ -75,6 +75,7 @@ def check_run(proc: subprocess.CompletedProcess, model_dir: Path, out: Path, n_r
     return recs
 
 
+@pytest.mark.slow  # two server start-ups and a benchmark each: ~24 s on 2 cores
 def test_two_configuration_sweep(model_dir, tmp_path):
     out = tmp_path / "tune"
     cmd = tune_cmd(model_dir, out, "--grid", "chunked-prefill-size=64,default", "--num-prompts", "4")

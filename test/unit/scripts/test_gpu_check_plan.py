@@ -168,6 +168,7 @@ def _summary(out: Path, stage: str = "micro") -> dict:
     return json.loads((out / f"summary-{stage}.json").read_text())
 
 
+@pytest.mark.slow  # waits out real step budgets: ~20 s
 def test_every_step_is_killed_at_its_budget_or_the_stage_end(tmp_path):
     lst = tmp_path / "list.txt"
     lst.write_text(
