@@ -125,13 +125,18 @@ class Qwen3VisionTransformer(nn.Module):
         """-> (merged tokens, out_hidden * (1 + num_deepstack)): [main | deepstack_0 | ...]."""
         if self.sp is not None:
             return self.forward_ulysses(pixel_values, grid_thw)
-        x = self.patch_embed(pixel_values)
-        x = x + self.pos_embeds(grid_thw, x.dtype)
-        cos, sin = self.rotary_cos_sin(grid_thw, x.device)
-        cu = image_cu_seqlens(grid_thw)
+        cos, sin = self.rotary_cos_sin(grid_thw, pixel_values.device)
+        pos = self.pos_embeds(grid_thw, self.dtype)
+        return self.forward_embedded(pixel_values, pos, cos, sin, image_cu_seqlens(grid_thw))
+
+    def forward_embedded(self, pixel_values: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         segments) -> torch.Tensor:
+        """The tower from patches on, given their position embeddings, rotary tables and attention segments
+        (host list or `VisionSegments`): no host work, so a CUDA graph can capture it (vit_cuda_graph_runner)."""
+        x = self.patch_embed(pixel_values) + pos
         deepstack = []
         for i, blk in enumerate(self.blocks):
-            x = blk(x, cu, cos, sin)
+            x = blk(x, segments, cos, sin)
             if i in self.deepstack_visual_indexes:
                 deepstack.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x))
         return torch.cat([self.merger(x), *deepstack], dim=-1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -13,11 +14,32 @@ from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import apply_rotary_vision
 
 
+@dataclass(frozen=True)
+class VisionSegments:
+    """Attention segments already on the device, for a forward that must not build them from host ints
+    (a captured CUDA graph replays with new contents in the same `cu_dev` buffer). `max_len` bounds every
+    segment (the kernel's grid); `cu_host` mirrors `cu_dev` for the per-segment SDPA path, None when the
+    contents change under replay (then only the "triton" backend can run it)."""
+
+    cu_dev: torch.Tensor
+    max_len: int
+    cu_host: tuple[int, ...] | None = None
+
+
+def _host_segments(cu_seqlens) -> list[int]:
+    if not isinstance(cu_seqlens, VisionSegments):
+        return cu_seqlens
+    if cu_seqlens.cu_host is None:
+        raise ValueError("device-only vision segments (ViT CUDA graphs) need --mm-attention-backend triton")
+    return list(cu_seqlens.cu_host)
+
+
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float):
     """q/k/v: (N, H, D); attention within each [cu_seqlens[i], cu_seqlens[i+1]) segment only.
     One SDPA call per segment (the "sdpa" backend; the reference), on 4-D views: torch runs 3-D inputs
     on its math backend only, which materializes every segment's score matrix."""
     out = torch.empty_like(q)
+    cu_seqlens = _host_segments(cu_seqlens)
     for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:]):
         if e > s:
             seg = sdpa(q[s:e].transpose(0, 1)[None], k[s:e].transpose(0, 1)[None], v[s:e].transpose(0, 1)[None],
@@ -36,6 +58,8 @@ def varlen_packed_attention(q, k, v, cu_seqlens: list[int], scale: float, fp32_p
     """The "triton" backend: every segment (image or window) in one kernel launch."""
     from sgl_kernel.attention import varlen_attention_fwd
 
+    if isinstance(cu_seqlens, VisionSegments):
+        return varlen_attention_fwd(q, k, v, cu_seqlens.cu_dev, cu_seqlens.max_len, scale, fp32_precision=fp32_precision)
     cu = _cu_seqlens_tensor(tuple(cu_seqlens), q.device)
     max_len = max((e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])), default=0)
     return varlen_attention_fwd(q, k, v, cu, max_len, scale, fp32_precision=fp32_precision)
