@@ -148,6 +148,12 @@ envs.add("SGLANG_VIT_PATCH_EMBED_LINEAR", True, _parse_bool,
 envs.add("SGLANG_VIT_FAST_POS_EMBED", True, _parse_bool,
          "ViT position-embedding interpolation and 2D rotary indices cached per grid shape, gathered on device "
          "(0: baseline, recomputed per forward).")
+envs.add("SGLANG_VIT_ENABLE_CUDA_GRAPH", False, _parse_bool,
+         "Capture the Qwen3-VL vision tower as CUDA graphs per token-budget bucket and replay them (CUDA with "
+         "--mm-attention-backend triton; without CUDA the padded path runs eagerly, for tests).")
+envs.add("SGLANG_VIT_CUDA_GRAPH_BUCKETS", "", str,
+         "Comma-separated patch budgets of the ViT CUDA graphs (empty: 512 to 16384 in steps of at most 1.5x); larger "
+         "batches run eagerly.")
 envs.add("SGLANG_MM_PRECOMPUTE_HASH", "1", lambda raw: _parse_choice(raw, ("0", "1", "auto"), _BOOL_ALIASES),
          "Image content hashes and pad values computed in the tokenizer process, in worker threads, before sending "
          "(0: baseline, the scheduler hashes every image in its loop; auto: same as 1, measured to never lose).")

@@ -10,6 +10,7 @@ import torch
 from sglang.srt.configs.attention_defaults import default_attention_backends
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention.base_attn_backend import create_attention_backend
 from sglang.srt.layers.attention.vision_attention import configure_vision_attention
 from sglang.srt.layers.linear import kv_heads_per_rank
@@ -93,6 +94,7 @@ class ModelRunner:
         # switches resolved once here: the embedding strategy and its cache are fixed for the process
         self.mm_embedder = MultimodalEmbedder(MultimodalEmbedConfig.from_env())
         self.cuda_graph_runner = self._init_cuda_graphs()
+        self.vit_graph_runner = self._init_vit_graph()
 
     def _init_cuda_graphs(self):
         cfg = self.cfg
@@ -109,6 +111,29 @@ class ModelRunner:
         except Exception:  # a failed capture costs speed, never the server
             logger.exception("decode CUDA graph capture failed; running decode eagerly")
             return None
+
+    def _init_vit_graph(self):
+        """SGLANG_VIT_ENABLE_CUDA_GRAPH: the vision tower through token-budget graphs (captured on CUDA,
+        padded but eager elsewhere); a tower or backend that cannot take them keeps running eagerly."""
+        if not envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get():
+            return None
+        tower = getattr(self.model, "visual", None)
+        why = None
+        if not hasattr(tower, "forward_embedded"):
+            why = f"{type(tower).__name__} has no graph-ready forward (Qwen3-VL towers only)"
+        elif getattr(tower, "sp", None) is not None:
+            why = "--enable-vit-ulysses-sp splits the tower's tokens over ranks"
+        elif self.device.type == "cuda" and self.mm_attention_backend != "triton":
+            why = "the captured tower needs --mm-attention-backend triton (segments change under replay)"
+        if why:
+            logger.warning("SGLANG_VIT_ENABLE_CUDA_GRAPH is set but unused: %s", why)
+            return None
+        from sglang.srt.model_executor.vit_cuda_graph_runner import ViTCudaGraphRunner, token_buckets
+
+        buckets = token_buckets(envs.SGLANG_VIT_CUDA_GRAPH_BUCKETS.get() or None, tower.merge**2)
+        runner = ViTCudaGraphRunner(tower, buckets, capture=self.device.type == "cuda")
+        self.model.vit_graph = runner
+        return runner
 
     def shrink_kv_budget(self, num_tokens: int) -> None:
         """TP ranks must agree on one KV budget (scheduling decisions are replicated): use the

@@ -31,6 +31,9 @@ class QwenVLForConditionalGenerationBase(nn.Module):
         self.tp = tp
         self.dtype_ = dtype or torch.get_default_dtype()
         self.vision_dp: TPInfo | None = None  # --mm-enable-dp-encoder at TP > 1: the group images are split over
+        # SGLANG_VIT_ENABLE_CUDA_GRAPH: a callable (pixels, grids) -> the tower's output that the model runner
+        # attaches (model_executor/vit_cuda_graph_runner.py); None runs the tower itself
+        self.vit_graph = None
 
     def init_lm_head(self) -> None:
         text = self.config.text
@@ -74,7 +77,7 @@ class QwenVLForConditionalGenerationBase(nn.Module):
         grids = [tuple(int(v) for v in it.image_grid_thw) for it in items]
         merge2 = self.config.vision.spatial_merge_size**2
         if self.vision_dp is None:
-            out = self.visual(self._pixels(items, device), grids)
+            out = (self.vit_graph or self.visual)(self._pixels(items, device), grids)
             return list(out.split([t * h * w // merge2 for t, h, w in grids], dim=0))
         units = frame_groups(grids, self.vision_dp.size)
         unit_grids = [(n, *grids[i][1:]) for i, _, n in units]
@@ -90,7 +93,8 @@ class QwenVLForConditionalGenerationBase(nn.Module):
             for i, f0, n in (units[k] for k in idx):
                 frame = grids[i][1] * grids[i][2]
                 parts.append(pixels[start[i] + f0 * frame : start[i] + (f0 + n) * frame])
-            return self.visual(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0), [unit_grids[k] for k in idx])
+            tower = self.vit_graph or self.visual
+            return tower(parts[0] if len(parts) == 1 else torch.cat(parts, dim=0), [unit_grids[k] for k in idx])
 
         width = self.config.vision.out_hidden_size * (1 + len(self.config.vision.deepstack_visual_indexes))
         per_unit = dp_encode(

@@ -132,6 +132,19 @@ def test_the_sdpa_path_refuses_device_only_segments():
         packed_attention(q, q, q, VisionSegments(torch.tensor([0, 4], dtype=torch.int32), 4), 1.0)
 
 
+@pytest.mark.parametrize("name,attached", [("qwen3-vl-tiny", True), ("qwen2.5-vl-tiny", False)])
+def test_the_switch_attaches_the_runner_where_the_tower_allows(tiny_model_dir, monkeypatch, caplog, name, attached):
+    monkeypatch.setenv("SGLANG_VIT_ENABLE_CUDA_GRAPH", "1")
+    monkeypatch.setenv("SGLANG_VIT_CUDA_GRAPH_BUCKETS", "64,256")
+    with caplog.at_level(logging.WARNING):
+        runner = ModelRunner(ModelRunnerConfig(model_path=str(tiny_model_dir(name)), dtype="float32",
+                                               max_total_tokens=256, max_running_requests=2, context_length=256))
+    assert (runner.model.vit_graph is not None) is attached
+    assert attached or "unused" in caplog.text
+    if attached:
+        assert runner.vit_graph_runner.buckets == (64, 256) and not runner.vit_graph_runner.capture
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_captured_graphs_replay_to_the_eager_output(tiny_model_dir):
