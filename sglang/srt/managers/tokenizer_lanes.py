@@ -7,9 +7,12 @@ Invariants:
   tokenized: no tokenizer's token is that long on average, so such a prompt cannot fit the context,
   and tokenizing it cost 13.8 s and 1.4 GiB for 16 MiB while holding the tokenizer lock. A token id
   sequence to decode is refused beyond `context_length` ids (none that long can come from this model).
-- HF fast tokenizers are not safe to call concurrently, so each lane is one tokenizer under one lock.
-  Inputs of at least LONG_CHARS characters (LONG_IDS ids) take the long lane, a private copy of the
-  tokenizer made on first use: ordinary prompts wait at most for another ordinary one.
+- HF fast tokenizers are not safe to call concurrently (an encode borrows the tokenizer mutably to set
+  truncation and padding; a decode beside it fails with "Already borrowed"), so each lane is one
+  tokenizer under one lock. Inputs of at least LONG_CHARS characters (LONG_IDS ids) take the long lane, a
+  private copy of the tokenizer made on first use: ordinary prompts wait at most for another ordinary one.
+- Output text the event loop makes (logprob token texts, an echoed prompt) takes the output lane, a
+  third copy: it never waits behind a prompt being tokenized in a worker thread, and never races one.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class TokenizerLanes:
         self.max_chars = context_length * chars_per_token
         self._long_lock = threading.Lock()
         self._long_tokenizer: Any = None
+        self._output_lock = threading.Lock()
+        self._output_tokenizer: Any = None
 
     def check_text(self, text: str) -> None:
         if len(text) > self.max_chars:
@@ -65,6 +70,16 @@ class TokenizerLanes:
                 return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         with self._long_lock:
             return self._long().decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def decode_output(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Text of output or prompt ids on the event loop (logprob texts, echo), on the output lane."""
+        if len(ids) >= LONG_IDS:
+            return self.decode(ids, skip_special_tokens)
+        with self._output_lock:
+            if self._output_tokenizer is None:
+                with self.lock:  # the copy reads the tokenizer
+                    self._output_tokenizer = copy.deepcopy(self.tokenizer)
+            return self._output_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def _long(self) -> Any:
         # under _long_lock; a copy, so it shares no state the ordinary lane's calls touch. Copied under the

@@ -97,7 +97,7 @@ class TokenizerOutputMixin:
             return  # every output message passes here; most ask for no logprobs
 
         def entry(lp, tok):
-            return [lp, tok, self.tokenizer.decode([tok]) if state.logprob_text else None]
+            return [lp, tok, self.builder.lanes.decode_output([tok]) if state.logprob_text else None]
 
         def alternatives(alts):
             return None if alts is None else [entry(lp, tok) for lp, tok in alts]

@@ -87,3 +87,42 @@ def test_lanes_give_the_tokenizers_own_results(tiny_model_dir):
         assert lanes.encode(text, add_special_tokens=False) == ids
         assert lanes.decode(ids, skip_special_tokens=True) == tok.decode(ids, skip_special_tokens=True)
     assert lanes._long_tokenizer is not None and lanes._long_tokenizer is not tok
+
+
+class BorrowingTokenizer:
+    """An HF fast tokenizer's borrow rule: encode holds it mutably (truncation and padding are set on
+    it), and a decode meanwhile fails with "Already borrowed"."""
+
+    def __init__(self):
+        self.borrowed = False
+
+    def __deepcopy__(self, memo):
+        return BorrowingTokenizer()
+
+    def encode(self, text, add_special_tokens=True):
+        self.borrowed = True
+        long_started.set()
+        assert gate.wait(GUARD_S)
+        self.borrowed = False
+        return [len(text)]
+
+    def decode(self, ids, skip_special_tokens=False):
+        if self.borrowed:
+            raise RuntimeError("Already borrowed")
+        return "t" * len(ids)
+
+
+def test_output_text_does_not_race_a_prompt_being_tokenized():
+    tok = BorrowingTokenizer()
+    lanes = TokenizerLanes(tok, context_length=1 << 16, chars_per_token=32)
+    gate.set()
+    assert lanes.decode_output([1]) == "t"  # the output lane's copy is made on first use
+    gate.clear()
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(lanes.encode, "a prompt", True)
+        assert long_started.wait(GUARD_S)
+        with pytest.raises(RuntimeError, match="borrowed"):
+            tok.decode([5])  # what logprob texts and echo called before: the shared tokenizer, mid-encode
+        assert lanes.decode_output([5, 6]) == "tt"
+        gate.set()
+        assert fut.result(GUARD_S) == [8]

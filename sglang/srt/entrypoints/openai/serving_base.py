@@ -210,11 +210,11 @@ class ResponseContext:
     id: str
     model: str
     created: int
-    tokenizer: Any = None  # turns logprob token ids into text
+    tokenizer: Any = None  # turns logprob token ids into text: TokenizerLanes (its output lane) or None
     prompts: list[Any] = field(default_factory=list)  # each choice's TokenizedGenerateReqInput, in order
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
+        return self.tokenizer.decode_output([token_id]) if self.tokenizer is not None else str(token_id)
 
 
 class OpenAIServingBase:
@@ -250,7 +250,7 @@ class OpenAIServingBase:
             return error_response(e)
         streams = [tm.generate_tokenized(t, p) for t, p in prepared]
         ctx = ResponseContext(f"{self.id_prefix}-{prepared[0][0].rid}", req.model or self.model_name, int(created),
-                              self._tokenizer(), [t for t, _ in prepared])
+                              self._text_lane(), [t for t, _ in prepared])
         if req.stream:
             tagged = merge_streams(streams)
             events = self._stream_events(req, ctx, tagged)
@@ -266,6 +266,11 @@ class OpenAIServingBase:
     def _tokenizer(self):
         builder = getattr(self.tokenizer_manager, "builder", None)
         return getattr(builder, "tokenizer", None)
+
+    def _text_lane(self):
+        """What responses decode logprob tokens and echoed prompts with (tokenizer_lanes.py's output lane)."""
+        builder = getattr(self.tokenizer_manager, "builder", None)
+        return getattr(builder, "lanes", None) if getattr(builder, "tokenizer", None) is not None else None
 
     def honoured_fields(self) -> set[str]:
         """The body's top-level keys this endpoint reads: its model's fields (and their aliases) and

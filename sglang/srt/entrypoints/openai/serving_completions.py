@@ -58,7 +58,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         prompt = req.prompts()[choice // max(1, req.n)]
         if isinstance(prompt, str):
             return prompt
-        return ctx.tokenizer.decode(list(prompt)) if ctx.tokenizer is not None else ""
+        return ctx.tokenizer.decode_output(list(prompt)) if ctx.tokenizer is not None else ""
 
     def _echoed(self, req: CompletionRequest, ctx: ResponseContext, meta: dict[str, Any], choice: int) -> tuple[str, dict | None]:
         """(prompt text, prompt logprobs or None) to put first in a choice; ("", None) without echo."""
