@@ -17,16 +17,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_vit_ulysses import DTYPES, ByteCounter, _build, grids_for, tp_barrier  # noqa: E402
+from bench_vit_ulysses import (  # noqa: E402
+    DTYPES, ByteCounter, _build, grids_for, rank_setup, resolve_tower_args, run_ranks, time_calls,
+)
 from vit_op_timing import device_name, print_table, write_json  # noqa: E402
 
-from sglang.srt.utils.network import pick_unused_port  # noqa: E402
 
 # name -> list of (count, width, height)
 WORKLOADS = {
@@ -50,14 +50,10 @@ def _encoder(tower, cfg, group):
 
 def rank_main(rank: int, args, port: int, queue) -> None:
     from sglang.srt.distributed.dp_encoder import balanced_split
-    from sglang.srt.distributed.parallel_state import SINGLE_RANK, init_tp_group
+    from sglang.srt.distributed.parallel_state import SINGLE_RANK
     from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
 
-    torch.set_num_threads(args.threads)
-    device = torch.device(f"cuda:{rank}" if args.device == "cuda" else "cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    tp = init_tp_group(args.ranks, rank, f"127.0.0.1:{port}", "nccl" if device.type == "cuda" else "gloo", 1800)
+    device, tp = rank_setup(rank, args, port)
     dtype = DTYPES[args.dtype]
     whole = _build(args, SINGLE_RANK, None, dtype, device)
     sharded = _build(args, tp, None, dtype, device, state={k: v for k, v in whole.state_dict().items()})
@@ -76,24 +72,13 @@ def rank_main(rank: int, args, port: int, queue) -> None:
                "dp_patches_per_rank": [sum(costs[i] for i in idx) for idx in balanced_split(costs, args.ranks)]}
         outs = {}
         for mode, enc in encoders.items():
-            times = []
-            for i in range(args.warmup + args.iters):
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                tp_barrier(tp)
-                start = time.perf_counter()
-                with torch.inference_mode():
-                    out = enc.get_image_feature(items)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                elapsed = (time.perf_counter() - start) * 1e3
+            def take():
                 calls, counter.calls = counter.calls, []
-                if i >= args.warmup:
-                    times.append(elapsed)
-                if rank == 0:
-                    print(f"  [{name}] {mode} call {i + 1}/{args.warmup + args.iters}: {elapsed:.1f} ms", flush=True)
+                return calls
+
+            times, out, calls = time_calls(lambda: enc.get_image_feature(items), args, tp, device, rank,
+                                           f"{name}] {mode}", take)
             outs[mode] = torch.cat(out).float()
-            times.sort()
             kinds = sorted({n for n, _ in calls})
             row[mode] = {"ms_median": times[len(times) // 2], "ms_all": times,
                          "calls": {k: sum(1 for n, _ in calls if n == k) for k in kinds},
@@ -118,42 +103,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (cpu)")
     ap.add_argument("--output")
     args = ap.parse_args()
-    cuda = args.device == "cuda"
-    real = dict(hidden=1152, heads=16, intermediate=4304, out_hidden=4096, depth=27)
-    scaled = dict(hidden=288, heads=4, intermediate=1076, out_hidden=1024, depth=2)
-    for k, v in (real if cuda else scaled).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
-    args.workloads = args.workloads or list(WORKLOADS)
-    args.warmup = args.warmup if args.warmup is not None else (2 if cuda else 1)
-    args.iters = args.iters if args.iters is not None else (10 if cuda else 3)
-    tower = {k: getattr(args, k) for k in real}
-    payload = {"device": device_name(args.device), "ranks": args.ranks, "dtype": args.dtype, "tower": tower,
-               "tower_note": "real Qwen3-VL-235B/8B-class tower" if tower == real else
-               "SCALED tower: real head_dim (72) and MLP ratio, fewer channels/heads/layers"}
-    if cuda and torch.cuda.device_count() < args.ranks:
-        payload["skipped"] = f"needs >= {args.ranks} GPUs, found {torch.cuda.device_count()}"
+    payload = resolve_tower_args(args, list(WORKLOADS))
+    if "skipped" in payload:
         print(payload["skipped"])
         write_json(args.output, payload)
         return
-    print(f"tower {tower} ({payload['tower_note']}), {args.ranks} ranks, {args.dtype}, {args.device}", flush=True)
-    import multiprocessing as mp
-
-    port = pick_unused_port()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, args, port, q)) for r in range(args.ranks)]
-    for p in procs:
-        p.start()
-    results = dict(q.get() for _ in procs)
-    for p in procs:
-        p.join()
-    payload["results"] = results[0]
+    print(f"tower {payload['tower']} ({payload['tower_note']}), {args.ranks} ranks, {args.dtype}, {args.device}",
+          flush=True)
+    results = payload["results"] = run_ranks(rank_main, args)
     rows = [[name, r["images"], r["patches"], "/".join(map(str, r["dp_patches_per_rank"])),
              f"{r['tp']['ms_median']:.1f}", f"{r['dp']['ms_median']:.1f}", f"{r['speedup']:.2f}x",
              f"{r['tp']['wire_bytes'] / 2**20:.2f}", f"{r['dp']['wire_bytes'] / 2**20:.2f}", f"{r['max_abs_diff']:.1e}"]
-            for name, r in results[0].items()]
+            for name, r in results.items()]
     print_table(["workload", "images", "patches", "DP patches/rank", "TP-sharded ms", "DP ms", "speedup",
                  "TP MiB sent/rank", "DP MiB sent/rank", "max |diff|"], rows)
     write_json(args.output, payload)

@@ -102,14 +102,43 @@ def _build(args, tp, sp, dtype, device, state=None):
     return vit.eval()
 
 
-def rank_main(rank: int, args, port: int, queue) -> None:
-    from sglang.srt.distributed.parallel_state import SINGLE_RANK, init_tp_group
+def rank_setup(rank: int, args, port: int):
+    """(device, TP group) of one benchmark rank: its threads, its GPU, the group over gloo or NCCL."""
+    from sglang.srt.distributed.parallel_state import init_tp_group
 
     torch.set_num_threads(args.threads)
     device = torch.device(f"cuda:{rank}" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    tp = init_tp_group(args.ranks, rank, f"127.0.0.1:{port}", "nccl" if device.type == "cuda" else "gloo", 1800)
+    return device, init_tp_group(args.ranks, rank, f"127.0.0.1:{port}", "nccl" if device.type == "cuda" else "gloo", 1800)
+
+
+def time_calls(fn, args, tp, device, rank: int, label: str, after=lambda: None):
+    """Warm-up plus timed calls of `fn`, all ranks starting together; `after` runs after each call (the
+    byte counters). -> (sorted times of the timed calls in ms, the last output, `after`'s last result)."""
+    times, out, extra = [], None, None
+    for i in range(args.warmup + args.iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        tp_barrier(tp)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = (time.perf_counter() - start) * 1e3
+        extra = after()
+        if i >= args.warmup:
+            times.append(elapsed)
+        if rank == 0:
+            print(f"  [{label}] call {i + 1}/{args.warmup + args.iters}: {elapsed:.1f} ms", flush=True)
+    return sorted(times), out, extra
+
+
+def rank_main(rank: int, args, port: int, queue) -> None:
+    from sglang.srt.distributed.parallel_state import SINGLE_RANK
+
+    device, tp = rank_setup(rank, args, port)
     dtype = DTYPES[args.dtype]
     ulysses = _build(args, SINGLE_RANK, tp, dtype, device)
     sharded = _build(args, tp, None, dtype, device, state={k: v for k, v in ulysses.state_dict().items()})
@@ -122,24 +151,9 @@ def rank_main(rank: int, args, port: int, queue) -> None:
         row = {"patches": n, "images": len(grids)}
         outs = {}
         for mode, vit in (("tp", sharded), ("ulysses", ulysses)):
-            times = []
-            for i in range(args.warmup + args.iters):
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                tp_barrier(tp)
-                start = time.perf_counter()
-                with torch.inference_mode():
-                    out = vit(pixels, grids)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                elapsed = (time.perf_counter() - start) * 1e3
-                counted = counter.take(args.depth)
-                if i >= args.warmup:
-                    times.append(elapsed)
-                if rank == 0:
-                    print(f"  [{name}] {mode} call {i + 1}/{args.warmup + args.iters}: {elapsed:.1f} ms", flush=True)
+            times, out, counted = time_calls(lambda: vit(pixels, grids), args, tp, device, rank, f"{name}] {mode}",
+                                             lambda: counter.take(args.depth))
             outs[mode] = out.float()
-            times.sort()
             row[mode] = {"ms_median": times[len(times) // 2], "ms_all": times, **counted}
         row["max_abs_diff"] = (outs["tp"] - outs["ulysses"]).abs().max().item()
         row["speedup"] = row["tp"]["ms_median"] / row["ulysses"]["ms_median"]
@@ -173,6 +187,47 @@ def paper_estimate(args) -> dict:
     }
 
 
+REAL_TOWER = dict(hidden=1152, heads=16, intermediate=4304, out_hidden=4096, depth=27)
+SCALED_TOWER = dict(hidden=288, heads=4, intermediate=1076, out_hidden=1024, depth=2)
+
+
+def resolve_tower_args(args, cpu_workloads: list[str]) -> dict:
+    """Fills what the command line left out (the real tower on CUDA, a scaled one with the real head_dim
+    and MLP ratio on CPU; dtype, workloads, warm-up and iterations) and returns the payload's common
+    head; its "skipped" is set when CUDA has fewer GPUs than ranks."""
+    cuda = args.device == "cuda"
+    for k, v in (REAL_TOWER if cuda else SCALED_TOWER).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    args.workloads = args.workloads or (sorted(WORKLOADS) if cuda else cpu_workloads)
+    args.warmup = args.warmup if args.warmup is not None else (2 if cuda else 1)
+    args.iters = args.iters if args.iters is not None else (10 if cuda else 3)
+    tower = {k: getattr(args, k) for k in REAL_TOWER}
+    payload = {"device": device_name(args.device), "ranks": args.ranks, "dtype": args.dtype, "tower": tower,
+               "tower_note": "real Qwen3-VL-235B/8B-class tower" if tower == REAL_TOWER else
+               "SCALED tower: real head_dim (72) and MLP ratio, fewer channels/heads/layers"}
+    if cuda and torch.cuda.device_count() < args.ranks:
+        payload["skipped"] = f"needs >= {args.ranks} GPUs, found {torch.cuda.device_count()}"
+    return payload
+
+
+def run_ranks(rank_fn, args) -> dict:
+    """Runs `rank_fn(rank, args, port, queue)` in one spawned process per rank; rank 0's results."""
+    import multiprocessing as mp
+
+    port = pick_unused_port()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=rank_fn, args=(r, args, port, q)) for r in range(args.ranks)]
+    for p in procs:
+        p.start()
+    results = dict(q.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return results[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -191,42 +246,18 @@ def main() -> None:
                     help="paper estimate: achieved per-GPU NVLink GB/s (H100 NVLink4: 450 per direction)")
     ap.add_argument("--output")
     args = ap.parse_args()
-    cuda = args.device == "cuda"
-    real = dict(hidden=1152, heads=16, intermediate=4304, out_hidden=4096, depth=27)
-    scaled = dict(hidden=288, heads=4, intermediate=1076, out_hidden=1024, depth=2)
-    for k, v in (real if cuda else scaled).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
-    args.workloads = args.workloads or (sorted(WORKLOADS) if cuda else ["1x640x480", "mixed", "4x960x1280", "20x960x1280"])
-    args.warmup = 2 if cuda and args.warmup is None else (args.warmup if args.warmup is not None else 1)
-    args.iters = 10 if cuda and args.iters is None else (args.iters if args.iters is not None else 3)
-    tower = {k: getattr(args, k) for k in real}
-    payload = {"device": device_name(args.device), "ranks": args.ranks, "dtype": args.dtype, "tower": tower,
-               "tower_note": "real Qwen3-VL-235B/8B-class tower" if tower == real else
-               "SCALED tower: real head_dim (72) and MLP ratio, fewer channels/heads/layers",
-               "paper_estimate": paper_estimate(args)}
-    if cuda and torch.cuda.device_count() < args.ranks:
-        payload["skipped"] = f"needs >= {args.ranks} GPUs, found {torch.cuda.device_count()}"
+    payload = resolve_tower_args(args, ["1x640x480", "mixed", "4x960x1280", "20x960x1280"])
+    payload["paper_estimate"] = paper_estimate(args)
+    if "skipped" in payload:
         print(payload["skipped"])
         write_json(args.output, payload)
         return
-    print(f"tower {tower} ({payload['tower_note']}), {args.ranks} ranks, {args.dtype}, {args.device}", flush=True)
-    import multiprocessing as mp
-
-    port = pick_unused_port()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, args, port, q)) for r in range(args.ranks)]
-    for p in procs:
-        p.start()
-    results = dict(q.get() for _ in procs)
-    for p in procs:
-        p.join()
-    payload["results"] = results[0]
+    print(f"tower {payload['tower']} ({payload['tower_note']}), {args.ranks} ranks, {args.dtype}, {args.device}",
+          flush=True)
+    results = payload["results"] = run_ranks(rank_main, args)
     rows = [[name, r["patches"], f"{r['tp']['ms_median']:.1f}", f"{r['ulysses']['ms_median']:.1f}", f"{r['speedup']:.2f}x",
              f"{r['tp']['wire_bytes_per_layer'] / 2**20:.2f}", f"{r['ulysses']['wire_bytes_per_layer'] / 2**20:.2f}",
-             f"{r['max_abs_diff']:.1e}"] for name, r in results[0].items()]
+             f"{r['max_abs_diff']:.1e}"] for name, r in results.items()]
     print_table(["workload", "patches", "TP ms", "Ulysses ms", "speedup", "TP MiB/layer/rank", "Ulysses MiB/layer/rank",
                  "max |diff|"], rows)
     est = payload["paper_estimate"]
