@@ -95,16 +95,24 @@ class RequestGrammar:
     def allows_no_token(self, vocab_size: int) -> bool:
         """The grammar is open and no token can continue it (its language ran out here: e.g. a tool's
         parameters schema {"$ref": "#"} after the call's opening text)."""
-        import xgrammar as xg
-
         if not self.is_active():
             return False
-        bitmask = xg.allocate_token_bitmask(1, vocab_size)
-        self.matcher.fill_next_token_bitmask(bitmask)
+        bitmask = allocate_bitmask(1, vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask, 0)
         return not bool(bitmask.any())
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
+    """The token bitmask both backends fill: int32 words, bit j of word w allowing token 32 * w + j, every
+    token allowed until a row is filled (xgrammar's and llguidance's layout)."""
+    return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def _is_xgrammar(matcher) -> bool:
+    return type(matcher).__module__.split(".")[0] == "xgrammar"
 
 
 def grammar_rows(grammars: list[RequestGrammar | None]) -> list[int]:
@@ -119,19 +127,18 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammars: list[RequestGrammar | 
     rows = grammar_rows(grammars)
     if not rows:
         return rows
-    import xgrammar as xg
-
     for i in rows:
         grammars[i].sync(outputs[i])
     synced = set(rows)
     rows = grammar_rows([g if i in synced else None for i, g in enumerate(grammars)])  # sync may un-start one
     if not rows:
         return rows
-    bitmask = xg.allocate_token_bitmask(len(grammars), vocab_size)
-    if len(rows) == 1:
-        grammars[rows[0]].fill(bitmask, rows[0])
-    else:  # the rows filled in parallel by xgrammar's thread pool
-        _batch_filler().batch_fill_next_token_bitmask([grammars[i].matcher for i in rows], bitmask, rows)
+    bitmask = allocate_bitmask(len(grammars), vocab_size)
+    pooled = [i for i in rows if _is_xgrammar(grammars[i].matcher)] if len(rows) > 1 else []
+    if pooled:  # xgrammar's rows filled in parallel by its thread pool
+        _batch_filler().batch_fill_next_token_bitmask([grammars[i].matcher for i in pooled], bitmask, pooled)
+    for i in rows if not pooled else sorted(set(rows) - set(pooled)):
+        grammars[i].fill(bitmask, i)
     width = logits.shape[-1]
     if logits.device.type == "cpu":
         apply_bitmask_sparse_cpu(logits, bitmask, rows, min(width, vocab_size))
