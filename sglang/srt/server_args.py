@@ -182,8 +182,8 @@ class ServerArgs:
         "JSON file of per-layer FP8 KV cache scales (vLLM's kv_cache.scaling_factor layout)"))
     revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
     grammar_backend: str = field(default="xgrammar", metadata=_arg(
-        "constrained output (json_schema, regex, ebnf, response_format): xgrammar, or none to refuse constraints "
-        "with a 400 (upstream's outlines and llguidance are not available)"))
+        "constrained output (json_schema, regex, ebnf, response_format, structural_tag): xgrammar, llguidance, or "
+        "none to refuse constraints with a 400 (upstream's outlines is not available)"))
     constrained_json_disable_any_whitespace: bool = field(default=False, metadata=_arg(
         "JSON schema output without free whitespace between tokens (compact JSON)"))
     constrained_json_max_whitespace_cnt: int | None = field(default=None, metadata=_arg(

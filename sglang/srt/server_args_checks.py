@@ -167,8 +167,8 @@ def _limit_problems(args) -> list[str]:
 def _grammar_problems(args) -> list[str]:
     problems = []
     if args.grammar_backend not in GRAMMAR_BACKENDS:
-        problems.append(f"--grammar-backend {args.grammar_backend}: choose xgrammar or none (outlines and llguidance "
-                        "are not available here)")
+        problems.append(f"--grammar-backend {args.grammar_backend}: choose xgrammar, llguidance or none (upstream's "
+                        "outlines backend is not available here)")
     cnt = args.constrained_json_max_whitespace_cnt
     if cnt is not None and cnt < 1:
         problems.append("--constrained-json-max-whitespace-cnt must be >= 1")

@@ -95,7 +95,7 @@ def parse_image_limit(raw: str) -> int:
     return limits if isinstance(limits, int) else limits.get("image", 0)
 
 
-GRAMMAR_BACKENDS = ("xgrammar", "none")
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "none")
 
 
 # --schedule-policy: upstream 0.5.23's values; the ones that need machinery this engine does not have stop

@@ -19,7 +19,8 @@ import torch
 
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.matcher import RequestGrammar
-from sglang.srt.constrained.xgrammar_backend import GrammarCompileError, JsonOptions, XGrammarBackend
+from sglang.srt.constrained.backends import make_grammar_backend
+from sglang.srt.constrained.xgrammar_backend import GrammarCompileError, JsonOptions
 from sglang.srt.environ import envs
 
 SCHEDULER_CACHE_ENTRIES = 64  # compiled grammars kept per rank (each holds its token-mask cache)
@@ -33,8 +34,8 @@ class GrammarQueue:
     def __init__(self, server_args, tokenizer, vocab_size: int, eos_ids, tp, backend=None,
                  max_entries: int = SCHEDULER_CACHE_ENTRIES):
         # `tokenizer`: the scheduler's own (a callable loading it once per process), or a path
-        self.backend = backend or XGrammarBackend(tokenizer, vocab_size, sorted(eos_ids),
-                                                  JsonOptions.from_server_args(server_args))
+        self.backend = backend or make_grammar_backend(server_args.grammar_backend, tokenizer, vocab_size,
+                                                       sorted(eos_ids), JsonOptions.from_server_args(server_args))
         self.cache = GrammarCache(self.backend.compile, max_entries, threads=SCHEDULER_COMPILE_PLACES,
                                   name="sglang-sched-grammar", max_bytes=int(envs.SGLANG_GRAMMAR_CACHE_MB.get() * (1 << 20)),
                                   size_of=lambda compiled: getattr(compiled, "memory_size_bytes", 0),

@@ -12,7 +12,8 @@ import asyncio
 import json
 
 from sglang.srt.constrained.grammar_cache import GrammarCache
-from sglang.srt.constrained.xgrammar_backend import GrammarCompileError, JsonOptions, XGrammarBackend
+from sglang.srt.constrained.backends import make_grammar_backend
+from sglang.srt.constrained.xgrammar_backend import GrammarCompileError, JsonOptions
 from sglang.srt.environ import envs
 from sglang.srt.errors import GenerateError
 
@@ -29,8 +30,8 @@ class GrammarValidator:
         self.cache = None
         if self.backend_name != "none":
             # the tokenizer manager's own tokenizer (or a path): xgrammar's vocabulary view is built from it
-            self.backend = backend or XGrammarBackend(tokenizer, vocab_size,
-                                                      json_options=JsonOptions.from_server_args(server_args))
+            self.backend = backend or make_grammar_backend(self.backend_name, tokenizer, vocab_size,
+                                                           json_options=JsonOptions.from_server_args(server_args))
             self.cache = GrammarCache(self._verdict, VALIDATION_CACHE_ENTRIES, threads=CHECK_PLACES,
                                       name="sglang-grammar-check", timeout_s=self.timeout_s,
                                       prepare=getattr(self.backend, "prepare", None))

@@ -1,4 +1,4 @@
-"""The decoding side: a request's matcher follows its output (accept, terminate, rollback and replay
+"""The decoding side, for each grammar backend: a request's matcher follows its output (accept, terminate, rollback and replay
 after a retraction), and the bitmask masks exactly the disallowed tokens of constrained rows."""
 
 from __future__ import annotations
@@ -17,16 +17,19 @@ from sglang.srt.constrained.matcher import (
     apply_grammar_bitmask,
     revive_dead_rows,
 )
-from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
+from sglang.srt.constrained.backends import make_grammar_backend
 
 VOCAB = 151936
 
 
-@pytest.fixture(scope="module")
-def backend(tiny_model_dir):
+@pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
+def backend(request, tiny_model_dir):
+    """Every test runs against both --grammar-backend choices: the matchers must behave alike."""
+    if request.param == "llguidance":
+        pytest.importorskip("llguidance")  # declared, so installed on CPU; the GPU image may lack its wheel
     path = str(tiny_model_dir("qwen3-vl-tiny"))
     assert json.load(open(f"{path}/config.json"))["text_config"]["vocab_size"] == VOCAB
-    return XGrammarBackend(path, VOCAB, stop_token_ids=[151645])
+    return make_grammar_backend(request.param, path, VOCAB, stop_token_ids=[151645])
 
 
 @pytest.fixture(scope="module")
