@@ -279,7 +279,9 @@ def test_modules_that_import_need_no_wheels(tmp_path):
 
 # importorskip targets that may skip on the GPU image: plotting (tuning reports only) and the in-tree kernels
 # (built there, absent on a CPU runner).
-OPTIONAL_ON_GPU = {"matplotlib", "sgl_kernel"}
+# llguidance: the --grammar-backend llguidance tests are host-side (grammar compile, token masks), run by
+# the CPU suite where it is declared and installed; the shared GPU wheels do not carry it
+OPTIONAL_ON_GPU = {"matplotlib", "sgl_kernel", "llguidance"}
 
 
 def test_no_test_skips_for_want_of_a_module_the_image_lacks():
