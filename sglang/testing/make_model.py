@@ -29,20 +29,20 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
 from sglang.testing import model_manifest
 from sglang.testing.hf_configs import build_config_dict, build_generation_config, build_preprocessor_config
 from sglang.testing.presets import PRESETS, ModelPreset, get_preset, resolve_dtype, with_text_layers
+# the safetensors writer; `_write_weights` calls it through this module's name (tests swap it here)
+from sglang.testing.safetensors_writer import _write_safetensors, plan_shards  # noqa: F401
 from sglang.testing.tensor_specs import count_parameters, tensor_specs  # noqa: F401  (this module's public names)
 from sglang.testing.weight_gen import (  # noqa: F401  (re-exported: the public names of this module)
     BIAS,
@@ -69,9 +69,6 @@ SAFE_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 MANIFEST_FILE = model_manifest.MANIFEST_FILE
 
-_ST_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-
-
 # ----------------------------------------------------------------------------- values
 
 
@@ -92,59 +89,7 @@ def generate_tensor(preset: str | ModelPreset, name: str, seed: int = 0, dtype: 
     return t.reshape(spec.shape)
 
 
-# ----------------------------------------------------------------------------- safetensors
-
-
-def _write_safetensors(
-    path: Path,
-    specs: list[TensorSpec],
-    dtype: str,
-    blocks: Iterator[tuple[TensorSpec, np.ndarray]],
-    on_bytes: Callable[[int], None] | None = None,
-) -> None:
-    """Stream ``specs`` into a safetensors file, taking their encoded blocks from ``blocks`` (in
-    file order; the iterator goes on into the next shard's tensors) without materializing them."""
-    header: dict = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for s in specs:
-        n = s.nbytes(dtype)
-        header[s.name] = {"dtype": _ST_DTYPE[dtype], "shape": list(s.shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)  # keep the data section 8-byte aligned
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for s in specs:
-            want, written = s.nbytes(dtype), 0
-            while written < want:
-                spec, block = next(blocks, (None, None))
-                if spec is None or spec.name != s.name:
-                    raise RuntimeError(f"{s.name}: got a block of {spec and spec.name} after {written} of {want} bytes")
-                if sys.byteorder != "little":
-                    block = block.byteswap()
-                f.write(memoryview(block).cast("B"))
-                written += block.nbytes
-                if on_bytes is not None:
-                    on_bytes(block.nbytes)
-            if written != want:
-                raise RuntimeError(f"{s.name}: wrote {written} bytes, expected {want}")
-    os.replace(tmp, path)
-
-
-def plan_shards(specs: list[TensorSpec], dtype: str, max_shard_bytes: int) -> list[list[TensorSpec]]:
-    """Greedy packing in file order; a tensor larger than the limit gets a shard of its own."""
-    shards: list[list[TensorSpec]] = [[]]
-    size = 0
-    for s in specs:
-        n = s.nbytes(dtype)
-        if shards[-1] and size + n > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(s)
-        size += n
-    return shards
+# ----------------------------------------------------------------------------- weight files
 
 
 def _write_weights(

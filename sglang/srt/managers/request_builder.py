@@ -2,7 +2,9 @@
 
 `check` runs on the event loop (cheap checks only); `build` runs in a worker thread (template,
 tokenizer, image fetch/decode/preprocess, image hashing, pickling). Every problem with the request raises
-`GenerateError` (400) with a message naming it.
+`GenerateError` (400) with a message naming it. The field and length checks that need neither the
+tokenizer nor the processor live in `request_validation`; this module holds what needs them (and the
+shared-memory and CUDA IPC hand-off of the built media).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from sglang.srt.managers.tokenizer_lanes import TokenizerLanes
 from sglang.srt.environ import envs
 from sglang.srt.multimodal.deferred_decode import deferred_decode_enabled
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
-from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
 from sglang.srt.multimodal.video_io import VideoLimits
 from sglang.srt.multimodal.transport.cuda_ipc import make_sender, release_unsent
@@ -40,8 +41,13 @@ from sglang.srt.multimodal.transport.shm import (
 from sglang.srt.managers.request_validation import (
     check_input_ids,
     check_priority,
+    check_prompt_length,
+    checked_dp_rank,
+    fit_max_new_tokens,
     make_sampling_params,
     merge_media_sources,
+    refuse_local_paths,
+    refuse_tokenizer_work,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -162,7 +168,7 @@ class RequestBuilder:
             raise GenerateError(f"text must be a string, got {type(obj.text).__name__}")
         sampling, to_context = make_sampling_params(obj.sampling_params)
         if self.server_args.skip_tokenizer_init:
-            self._refuse_tokenizer_work(obj, sampling)
+            refuse_tokenizer_work(obj, sampling)
         bad = next((t for t in (sampling.logit_bias or ()) if t >= self.vocab_size), None)
         if bad is not None:
             raise GenerateError(f"logit_bias names token id {bad} outside the vocabulary [0, {self.vocab_size})")
@@ -186,39 +192,12 @@ class RequestBuilder:
         if (images or videos) and self.processor is None:
             raise GenerateError(f"model {self.model_path} does not accept {'images' if images else 'videos'}")
         if self.server_args.allowed_local_media_path is None:
-            self._refuse_local_paths(images, "image")
-            self._refuse_local_paths(videos, "video")
+            refuse_local_paths(images, "image")
+            refuse_local_paths(videos, "video")
         explicit = isinstance(obj.sampling_params, dict) and obj.sampling_params.get("max_new_tokens") is not None
         image_cfg, video_cfg = self._media_config(obj)
         return CheckedRequest(rid, obj, messages, images, sampling, to_context, explicit,
                               check_priority(obj.priority, self.server_args), image_cfg, videos, video_cfg)
-
-    @staticmethod
-    def _refuse_tokenizer_work(obj: GenerateReqInput, sampling) -> None:
-        """--skip-tokenizer-init: token ids in and out; what needs the tokenizer is a 400 naming the flag."""
-        if obj.text is not None or obj.messages is not None:
-            what = "text prompts" if obj.text is not None else "chat messages"
-            raise GenerateError(f"the server was started with --skip-tokenizer-init and cannot accept {what}: "
-                                "give input_ids, or start it without --skip-tokenizer-init")
-        needs = [name for name, on in (
-            ("stop", bool(sampling.stop)), ("stop_regex", bool(sampling.stop_regex)),
-            ("json_schema", sampling.json_schema is not None), ("regex", sampling.regex is not None),
-            ("ebnf", sampling.ebnf is not None), ("structural_tag", sampling.structural_tag is not None),
-            ("return_text_in_logprobs", sampling.return_text_in_logprobs),
-            ("require_reasoning", obj.require_reasoning)) if on]
-        if needs:
-            raise GenerateError(f"{needs[0]} needs the tokenizer, which the server skips (--skip-tokenizer-init); "
-                                "use stop_token_ids, or start it without --skip-tokenizer-init")
-
-    @staticmethod
-    def _refuse_local_paths(sources: list[Any], kind: str) -> None:
-        for i, src in enumerate(sources):
-            for s in (src if kind == "video" and isinstance(src, (list, tuple)) else [src]):  # frames of a video
-                if isinstance(s, str) and is_local_path_source(s):
-                    raise GenerateError(
-                        f"{kind} {i} ({s[:100]!r}) is not a data URL, an http(s) URL or valid base64 {kind} data, "
-                        f"and local {kind} files are disabled (start the server with --allowed-local-media-path DIR)"
-                    )
 
     def _media_config(self, obj: GenerateReqInput):
         """The request's image and video processor settings as configs of their own, or a 400 naming what
@@ -269,9 +248,11 @@ class RequestBuilder:
             raise
         except ValueError as e:  # ImageLoadError, MultimodalInputError, SmartResizeError, MediaFetchError
             raise GenerateError(str(e)) from None
-        self._check_length(len(ids))
+        check_prompt_length(len(ids), self.context_length, self.max_req_input_len, self.max_total_num_tokens)
         sampling = req.sampling
-        sampling.max_new_tokens = self._fit_max_new_tokens(len(ids), sampling.max_new_tokens, req)
+        sampling.max_new_tokens = fit_max_new_tokens(len(ids), sampling.max_new_tokens, req.to_context,
+                                                     req.explicit_max_new, self.context_length,
+                                                     self.max_total_num_tokens)
         sampling.min_new_tokens = min(sampling.min_new_tokens, sampling.max_new_tokens)
         tokenized = TokenizedGenerateReqInput(
             rid=req.rid, input_ids=ids, sampling_params=sampling, mm_inputs=mm_inputs, stream=obj.stream,
@@ -279,7 +260,7 @@ class RequestBuilder:
             priority=req.priority,
             grammar_start_after=self._grammar_start_after(prompt, sampling, req.messages is not None,
                                                           obj.require_reasoning),
-            routed_dp_rank=self._checked_dp_rank(obj.routed_dp_rank),
+            routed_dp_rank=checked_dp_rank(obj.routed_dp_rank, self.server_args.dp_size),
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
         names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []
@@ -323,24 +304,6 @@ class RequestBuilder:
                 self.unsent_shm[rid] = (names, time.monotonic())
         return copy, out
 
-    def _check_length(self, prompt_len: int) -> None:
-        if prompt_len == 0:
-            raise GenerateError("the prompt is empty")
-        if prompt_len >= self.context_length:  # upstream's wording: clients match on it
-            raise GenerateError(
-                f"The input ({prompt_len} tokens) is longer than the model's context length ({self.context_length} tokens)."
-            )
-        if self.max_req_input_len is not None and prompt_len > self.max_req_input_len:
-            raise GenerateError(
-                f"the prompt is too long: {prompt_len} tokens, more than the {self.max_req_input_len} tokens "
-                "one request may use"
-            )
-        if self.max_total_num_tokens is not None and prompt_len + 1 > self.max_total_num_tokens:
-            raise GenerateError(
-                f"the prompt is too long: {prompt_len} tokens need {prompt_len + 1} KV cache slots, but the KV "
-                f"cache holds {self.max_total_num_tokens} tokens (--max-total-tokens)"
-            )
-
     def _to_shm(self, rid: str, mm_inputs) -> list[str]:
         """Pixels into shared memory; when /dev/shm is full this request's pixels travel inline
         (pickled with the request) instead: slower, never fatal."""
@@ -354,39 +317,6 @@ class RequestBuilder:
                 logger.warning("shared memory is full (%s); request %s sends its pixels inline "
                                "(%d request(s) so far; enlarge /dev/shm, e.g. docker --shm-size)", e, rid, n)
             return []
-
-    def _checked_dp_rank(self, rank: Any) -> int | None:
-        if rank is None:
-            return None
-        dp = self.server_args.dp_size
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp:
-            raise GenerateError(f"routed_dp_rank must be an integer in [0, {dp}) (this server runs --dp-size {dp}), "
-                                f"got {rank!r}")
-        return rank
-
-    def _fit_max_new_tokens(self, prompt_len: int, asked: int, req: CheckedRequest) -> int:
-        """Output room: up to the context length, and within the KV cache, which must hold the prompt
-        and every output token of this request at once. A default is clamped to what fits; an explicit
-        max_new_tokens beyond either is refused, naming the numbers."""
-        room = self.context_length - prompt_len
-        if req.explicit_max_new and asked > room:  # upstream's refusal, word for word
-            raise GenerateError(
-                f"Requested token count exceeds the model's maximum context length of {self.context_length} tokens. "
-                f"You requested a total of {prompt_len + asked} tokens: {prompt_len} tokens from the input messages "
-                f"and {asked} tokens for the completion. Please reduce the number of tokens in the input messages or "
-                "the completion to fit within the limit."
-            )
-        n = room if req.to_context else min(asked, room)
-        if self.max_total_num_tokens is None:
-            return n
-        kv_room = self.max_total_num_tokens - prompt_len
-        if n > kv_room and req.explicit_max_new:
-            raise GenerateError(
-                f"the request cannot fit in the KV cache: the prompt has {prompt_len} tokens and max_new_tokens is "
-                f"{n}, {prompt_len + n} in all, but the KV cache holds {self.max_total_num_tokens} tokens "
-                f"(--max-total-tokens); ask for at most {kv_room} new tokens"
-            )
-        return min(n, kv_room)
 
     def _render_chat(self, messages: list[dict[str, Any]], obj: GenerateReqInput) -> str:
         """The prompt the model's own template makes of the messages, the tools and chat_template_kwargs;

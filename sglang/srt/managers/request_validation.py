@@ -1,6 +1,8 @@
 """Checks of one request's fields that need neither the tokenizer nor the processor: sampling parameters
-(by name and type, refused fields named), token ids against the vocabulary, priority, and the media
-sources of chat parts. Each problem is a `GenerateError` (400) naming the field."""
+(by name and type, refused fields named), token ids against the vocabulary, priority, the media
+sources of chat parts, what --skip-tokenizer-init and local-file rules refuse, the DP rank asked for,
+and (once tokenized) the prompt's and the output's room in the context and the KV cache. Each problem
+is a `GenerateError` (400) naming the field or the limit. `RequestBuilder` calls them."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 
 from sglang.srt.errors import GenerateError
 from sglang.srt.managers.field_policy import SAMPLING_REFUSED, refusal_message
+from sglang.srt.multimodal.image_io import is_local_path_source
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
@@ -94,3 +97,90 @@ def check_input_ids(input_ids: Any, vocab_size: int) -> list[int]:
     if bad is not None:
         raise GenerateError(f"input_ids contains token id {bad} outside the vocabulary [0, {vocab_size})")
     return list(input_ids)
+
+
+def refuse_tokenizer_work(obj: Any, sampling: SamplingParams) -> None:
+    """--skip-tokenizer-init: token ids in and out; what needs the tokenizer is a 400 naming the flag."""
+    if obj.text is not None or obj.messages is not None:
+        what = "text prompts" if obj.text is not None else "chat messages"
+        raise GenerateError(f"the server was started with --skip-tokenizer-init and cannot accept {what}: "
+                            "give input_ids, or start it without --skip-tokenizer-init")
+    needs = [name for name, on in (
+        ("stop", bool(sampling.stop)), ("stop_regex", bool(sampling.stop_regex)),
+        ("json_schema", sampling.json_schema is not None), ("regex", sampling.regex is not None),
+        ("ebnf", sampling.ebnf is not None), ("structural_tag", sampling.structural_tag is not None),
+        ("return_text_in_logprobs", sampling.return_text_in_logprobs),
+        ("require_reasoning", obj.require_reasoning)) if on]
+    if needs:
+        raise GenerateError(f"{needs[0]} needs the tokenizer, which the server skips (--skip-tokenizer-init); "
+                            "use stop_token_ids, or start it without --skip-tokenizer-init")
+
+
+def refuse_local_paths(sources: list[Any], kind: str) -> None:
+    """Without --allowed-local-media-path, a source that names a local file is a 400 (a video's frames
+    are checked one by one)."""
+    for i, src in enumerate(sources):
+        for s in (src if kind == "video" and isinstance(src, (list, tuple)) else [src]):
+            if isinstance(s, str) and is_local_path_source(s):
+                raise GenerateError(
+                    f"{kind} {i} ({s[:100]!r}) is not a data URL, an http(s) URL or valid base64 {kind} data, "
+                    f"and local {kind} files are disabled (start the server with --allowed-local-media-path DIR)"
+                )
+
+
+def checked_dp_rank(rank: Any, dp: int) -> int | None:
+    """`routed_dp_rank`: None, or a replica index of this server's --dp-size."""
+    if rank is None:
+        return None
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < dp:
+        raise GenerateError(f"routed_dp_rank must be an integer in [0, {dp}) (this server runs --dp-size {dp}), "
+                            f"got {rank!r}")
+    return rank
+
+
+# ----------------------------------------------------------------------------- lengths (after tokenizing)
+def check_prompt_length(prompt_len: int, context_length: int, max_req_input_len: int | None,
+                        max_total_num_tokens: int | None) -> None:
+    """The prompt fits the context, the per-request input limit and the KV cache (with one output slot)."""
+    if prompt_len == 0:
+        raise GenerateError("the prompt is empty")
+    if prompt_len >= context_length:  # upstream's wording: clients match on it
+        raise GenerateError(
+            f"The input ({prompt_len} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
+    if max_req_input_len is not None and prompt_len > max_req_input_len:
+        raise GenerateError(
+            f"the prompt is too long: {prompt_len} tokens, more than the {max_req_input_len} tokens "
+            "one request may use"
+        )
+    if max_total_num_tokens is not None and prompt_len + 1 > max_total_num_tokens:
+        raise GenerateError(
+            f"the prompt is too long: {prompt_len} tokens need {prompt_len + 1} KV cache slots, but the KV "
+            f"cache holds {max_total_num_tokens} tokens (--max-total-tokens)"
+        )
+
+
+def fit_max_new_tokens(prompt_len: int, asked: int, to_context: bool, explicit: bool, context_length: int,
+                       max_total_num_tokens: int | None) -> int:
+    """Output room: up to the context length, and within the KV cache, which must hold the prompt
+    and every output token of this request at once. A default (`explicit` False; `to_context`: fill the
+    context) is clamped to what fits; an explicit max_new_tokens beyond either is refused, naming the numbers."""
+    room = context_length - prompt_len
+    if explicit and asked > room:  # upstream's refusal, word for word
+        raise GenerateError(
+            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
+            f"You requested a total of {prompt_len + asked} tokens: {prompt_len} tokens from the input messages "
+            f"and {asked} tokens for the completion. Please reduce the number of tokens in the input messages or "
+            "the completion to fit within the limit."
+        )
+    n = room if to_context else min(asked, room)
+    if max_total_num_tokens is None:
+        return n
+    kv_room = max_total_num_tokens - prompt_len
+    if n > kv_room and explicit:
+        raise GenerateError(
+            f"the request cannot fit in the KV cache: the prompt has {prompt_len} tokens and max_new_tokens is "
+            f"{n}, {prompt_len + n} in all, but the KV cache holds {max_total_num_tokens} tokens "
+            f"(--max-total-tokens); ask for at most {kv_room} new tokens"
+        )
+    return min(n, kv_room)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sglang.srt.managers.chat_messages import split_chat_media
 from sglang.srt.errors import GenerateError
-from sglang.srt.managers.request_validation import make_sampling_params, merge_media_sources
+from sglang.srt.managers.request_validation import make_sampling_params, merge_media_sources, refuse_tokenizer_work
 from sglang.srt.utils.text import partial_match_len
 
 
@@ -91,7 +91,7 @@ def test_skip_tokenizer_init_refuses_what_needs_the_tokenizer(kwargs, params, wo
 
     sampling, _ = make_sampling_params(params)
     with pytest.raises(GenerateError, match=word) as e:
-        RequestBuilder._refuse_tokenizer_work(GenerateReqInput(sampling_params=params, **kwargs), sampling)
+        refuse_tokenizer_work(GenerateReqInput(sampling_params=params, **kwargs), sampling)
     assert "--skip-tokenizer-init" in str(e.value)
     ok, _ = make_sampling_params({"stop_token_ids": [7], "max_new_tokens": 3})
-    RequestBuilder._refuse_tokenizer_work(GenerateReqInput(input_ids=[1, 2], image_data=["data:x"]), ok)  # no raise
+    refuse_tokenizer_work(GenerateReqInput(input_ids=[1, 2], image_data=["data:x"]), ok)  # no raise
