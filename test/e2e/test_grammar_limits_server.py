@@ -2,7 +2,8 @@
 an ordinary /generate and /health probes (hostile.py): huge grammar texts, grammars that compile past
 the time limit, a prompt too long for the context with a grammar, schemas with no possible output or
 an allOf xgrammar would not enforce. Every one is a 400 naming the problem or the limit, the ordinary
-request finishes, /health answers. Also --constrained-json-disable-any-whitespace with tools and
+request finishes, /health answers. Grammars compile on the scheduler only (once per rank); the size
+limit and the allOf check are the tokenizer side's. Also --constrained-json-disable-any-whitespace with tools and
 structural tags, which it used to make a 400."""
 
 from __future__ import annotations
@@ -50,13 +51,17 @@ def _message(r: requests.Response) -> str:
     return err.get("message", "") if isinstance(err, dict) else str(err)
 
 
-def _check_cache(url: str) -> dict:
-    return requests.get(url + "/get_server_info", timeout=HOSTILE_TIMEOUT_S).json()["grammar_check_cache"]
+def _grammar_cache(url: str) -> dict:
+    """The scheduler's grammar cache: the only place a grammar compiles (the tokenizer side compiles
+    nothing; its checks are the size limit and the JSON parse)."""
+    info = requests.get(url + "/get_server_info", timeout=HOSTILE_TIMEOUT_S).json()
+    assert "grammar_check_cache" not in info  # no second compile site
+    return info["grammar_cache"]
 
 
 def _compiling(url: str) -> int:
-    """Compiles running on the tokenizer side, within the limit or past it."""
-    stats = _check_cache(url)
+    """Compiles running on the scheduler, within the limit or past it."""
+    stats = _grammar_cache(url)
     return stats["compiling"] + stats["overrunning"]
 
 
@@ -83,25 +88,27 @@ def test_slow_compiles_do_not_hold_back_a_small_constrained_request(gl_server):
     a small constrained request sent while they compile is answered (it is the ordinary request here)."""
     url = gl_server.url
     slow = [json.dumps({"type": "string", "minLength": 100, "maxLength": 8000 + i}) for i in range(2)]
-    overruns = _check_cache(url)["overruns"]
+    overruns = _grammar_cache(url)["overruns"]
     answers, _ = beside_ordinary(url, lambda: _both(lambda s: _generate(url, json_schema=s), slow),
                                  in_flight=lambda: _compiling(url) >= 2, ordinary_body=SMALL)
     for r in answers:
         assert r.status_code == 400 and _message(r) == (
             f"the json_schema did not compile within {COMPILE_LIMIT_S} s (SGLANG_GRAMMAR_COMPILE_TIMEOUT_S); "
             "simplify it"), r.text
-    assert _check_cache(url)["overruns"] == overruns + 2
+    assert _grammar_cache(url)["overruns"] == overruns + 2  # each compiled once, on the scheduler only
+    misses = _grammar_cache(url)["misses"]
     again = _generate(url, json_schema=slow[0])  # the verdict is kept: refused without compiling again
     assert again.status_code == 400 and "did not compile within" in _message(again)
+    assert _grammar_cache(url)["misses"] == misses
 
 
 def test_a_prompt_too_long_for_the_context_is_refused_before_its_grammar_compiles(gl_server):
     url = gl_server.url
-    misses = _check_cache(url)["misses"]
+    misses = _grammar_cache(url)["misses"]
     body = {"text": "hello " * (2 * CONTEXT), "sampling_params": {"max_new_tokens": 4, "regex": "[a-f]{3}x"}}
     r, _ = beside_ordinary(url, lambda: _post(url, "/generate", body))
     assert r.status_code == 400 and "is longer than the model's context length (512 tokens)" in _message(r), r.text
-    assert _check_cache(url)["misses"] == misses  # nothing compiled for it
+    assert _grammar_cache(url)["misses"] == misses  # refused before it was sent: nothing compiled for it
 
 
 def test_schemas_without_any_output_are_a_400(gl_server):
@@ -119,6 +126,20 @@ def test_schemas_without_any_output_are_a_400(gl_server):
     assert direct.status_code == 400 and _message(direct).startswith("invalid json_schema: it admits no output"), \
         direct.text
     assert tool.status_code == 400 and "admits no output" in _message(tool), tool.text
+
+
+def test_a_grammar_that_fails_on_the_scheduler_is_a_400_streamed_or_not(gl_server):
+    """The scheduler's compile is the grammar's check: an invalid regex is a 400 naming the problem on
+    /generate and on a streamed chat completion (held until the compile's verdict), n > 1 included,
+    and the server keeps serving."""
+    url = gl_server.url
+    r = _generate(url, regex="a(b")
+    assert r.status_code == 400 and _message(r).startswith("invalid regex:"), r.text
+    body = {"model": "default", "messages": MSGS, "max_tokens": 8, "stream": True, "n": 2, "regex": "a(b"}
+    streamed = _post(url, "/v1/chat/completions", body)
+    assert streamed.status_code == 400 and _message(streamed) == _message(r), streamed.text
+    small = _post(url, "/generate", SMALL)
+    assert small.status_code == 200 and re.fullmatch("[0-9]{4}", small.json()["text"]), small.text
 
 
 def test_all_of_that_xgrammar_would_not_enforce_is_a_400(gl_server):

@@ -7,8 +7,7 @@
 - `compile_threads`: where compiles run, each within a time limit from its own start; an overrun gives
   its place back.
 - `grammar_cache`: compiled grammars (or verdicts) by kind and digest, LRU bounded by count and bytes.
-- `validation`: the tokenizer manager's check (compile, within the limit, non-empty language) that makes a
-  bad grammar a 400.
-- `scheduler_grammar`: the scheduler's queue of requests whose grammar is still compiling.
+- `scheduler_grammar`: the scheduler's queue of requests whose grammar is still compiling, and the compile
+  that is also the grammar's check (within the limit, non-empty language): the only compile, once per rank.
 - `matcher`: a request's grammar state while it decodes, and the bitmask applied to a batch's logits.
 """

@@ -2,6 +2,13 @@
 compiles in a compile thread (from this rank's own cache: compiled grammars do not cross processes);
 the loop never waits on a compile.
 
+This is the only place a grammar compiles: the tokenizer manager checks only what is cheap (the size
+limit, the JSON parse, `grammar_limits`), so each new grammar compiles once per rank and nowhere else.
+A compile here is therefore also the grammar's validation (`compile_checked`): an invalid grammar, one
+whose language is empty, or one past the compile time limit ends its request with a 400 naming the
+problem, sent by TP rank 0 only (the other ranks' outputs are not sent), so the client hears it once;
+the other requests and the loop go on.
+
 Every rank receives the same requests and aborts in the same order, so every rank's queue holds the
 same requests. A request leaves it once its compile has ended on every rank (each is bounded by the
 compile time limit), all ranks agreeing on its fate by one all-reduce per step while the queue is not
@@ -13,21 +20,57 @@ different and the next collective hung.
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import Future
 
 import torch
 
+from sglang.srt.constrained.backends import make_grammar_backend
 from sglang.srt.constrained.grammar_cache import GrammarCache
 from sglang.srt.constrained.matcher import RequestGrammar
-from sglang.srt.constrained.backends import make_grammar_backend
 from sglang.srt.constrained.xgrammar_backend import GrammarCompileError, JsonOptions
 from sglang.srt.environ import envs
 
 SCHEDULER_CACHE_ENTRIES = 64  # compiled grammars kept per rank (each holds its token-mask cache)
-SCHEDULER_COMPILE_PLACES = 2
+# compiles at a time per rank: the only compile site, so as many as the tokenizer side's check had (two
+# grammars past the time limit leave places for a small one: it does not wait for their limit)
+SCHEDULER_COMPILE_PLACES = 4
 # a request's state on one rank, reduced with MAX over the ranks: any failure wins over readiness
 PENDING, READY, FAILED_400, FAILED_500 = 0, 1, 2, 3
 OTHER_RANK_FAILED = "the grammar failed to compile on another tensor-parallel rank"
+EMPTY_LANGUAGE = "admits no output at all (a schema that only refers to itself, such as {\"$ref\": \"#\"}, matches nothing)"
+
+
+def compile_checked(backend, key: tuple[str, str]):
+    """`backend.compile(key)`, refused (GrammarCompileError) when no output can match it: an empty
+    language would sample from an all-masked row, so it is a 400 here, not a failure mid-decode. A
+    structural tag's JSON schemas are checked one by one too (the tag's own start admits its begin text
+    even when a schema inside it admits nothing). Runs in the compile thread, within the time limit."""
+    compiled = backend.compile(key)  # raises GrammarCompileError naming the problem
+    if not hasattr(backend, "admits_no_output"):
+        return compiled
+    kind, text = key
+    if backend.admits_no_output(compiled):
+        raise GrammarCompileError(f"invalid {kind}: it {EMPTY_LANGUAGE}")
+    if kind == "structural_tag":
+        for where, schema in _json_nodes(json.loads(text)):
+            if backend.admits_no_output(backend.compile(("json_schema", json.dumps(schema)))):
+                raise GrammarCompileError(f"invalid {kind}: the JSON schema at {where} {EMPTY_LANGUAGE}")
+    return compiled
+
+
+def _json_nodes(tag) -> list[tuple[str, object]]:
+    """(path, schema) of every json_schema node of a structural tag (tool calls' parameters included)."""
+    found, stack = [], [(tag, "$")]
+    while stack:  # iterative: a 64 KiB text can nest thousands of levels
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "json_schema" and "json_schema" in node:
+                found.append((path, node["json_schema"]))
+            stack.extend((v, f"{path}.{k}") for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node))
+    return found
 
 
 class GrammarQueue:
@@ -36,7 +79,8 @@ class GrammarQueue:
         # `tokenizer`: the scheduler's own (a callable loading it once per process), or a path
         self.backend = backend or make_grammar_backend(server_args.grammar_backend, tokenizer, vocab_size,
                                                        sorted(eos_ids), JsonOptions.from_server_args(server_args))
-        self.cache = GrammarCache(self.backend.compile, max_entries, threads=SCHEDULER_COMPILE_PLACES,
+        # the backend is read at compile time (tests swap it)
+        self.cache = GrammarCache(lambda key: compile_checked(self.backend, key), max_entries, threads=SCHEDULER_COMPILE_PLACES,
                                   name="sglang-sched-grammar", max_bytes=int(envs.SGLANG_GRAMMAR_CACHE_MB.get() * (1 << 20)),
                                   size_of=lambda compiled: getattr(compiled, "memory_size_bytes", 0),
                                   timeout_s=envs.SGLANG_GRAMMAR_COMPILE_TIMEOUT_S.get(),

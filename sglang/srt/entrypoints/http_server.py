@@ -35,6 +35,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     drain,
     error_response,
     gather_finals,
+    hold_for_grammar,
     indexed_chunks,
     json_response,
     merge_streams,
@@ -281,6 +282,10 @@ def create_app(
             return error_response(e)
         streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
         if groups[0][0].stream:
+            try:
+                streams = await hold_for_grammar(prepared, streams)  # a grammar that fails: a 400, not an SSE error
+            except GenerateError as e:
+                return error_response(e)
             events = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))
             if server_args.stream_output:
                 events = stream_deltas(events)

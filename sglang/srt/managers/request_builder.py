@@ -46,6 +46,7 @@ from sglang.srt.managers.request_validation import (
     fit_max_new_tokens,
     make_sampling_params,
     merge_media_sources,
+    refuse_grammar_without_backend,
     refuse_local_paths,
     refuse_tokenizer_work,
 )
@@ -169,6 +170,7 @@ class RequestBuilder:
         sampling, to_context = make_sampling_params(obj.sampling_params)
         if self.server_args.skip_tokenizer_init:
             refuse_tokenizer_work(obj, sampling)
+        refuse_grammar_without_backend(sampling, self.server_args.grammar_backend)
         bad = next((t for t in (sampling.logit_bias or ()) if t >= self.vocab_size), None)
         if bad is not None:
             raise GenerateError(f"logit_bias names token id {bad} outside the vocabulary [0, {self.vocab_size})")

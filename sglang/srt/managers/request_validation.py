@@ -184,3 +184,12 @@ def fit_max_new_tokens(prompt_len: int, asked: int, to_context: bool, explicit: 
             f"(--max-total-tokens); ask for at most {kv_room} new tokens"
         )
     return min(n, kv_room)
+
+
+def refuse_grammar_without_backend(sampling: SamplingParams, grammar_backend: str) -> None:
+    """--grammar-backend none: a constrained request is a 400 naming the flag, before it is built (the
+    scheduler, which has no grammar queue then, would refuse it too)."""
+    key = sampling.grammar_key()
+    if key is not None and grammar_backend == "none":
+        raise GenerateError(f"{key[0]} is not supported: this server runs with --grammar-backend none "
+                            "(start it with --grammar-backend xgrammar for constrained output)")

@@ -151,8 +151,9 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
 
     def _admit_compiled_grammars(self) -> None:
         """Constrained requests whose grammar is ready on every rank join the waiting queue; one that failed
-        to compile on any rank ends with a 400 naming the problem (the tokenizer manager checked it: rare), or
-        a 500 when the backend itself failed."""
+        to compile on any rank (invalid, empty language, past the time limit: the compile here is the
+        grammar's only check) ends with a 400 naming the problem, or a 500 when the backend itself failed.
+        Only TP rank 0 sends outputs, so the client gets the answer once; other requests are untouched."""
         if not self.grammar_queue:
             return
         ready, failed = self.grammar_queue.pop_ready()

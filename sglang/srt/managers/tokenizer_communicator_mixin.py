@@ -41,7 +41,7 @@ class _ControlWait:
 
 
 class TokenizerCommunicatorMixin:
-    """Needs from its host: dp_size, builder, grammar_validator, metrics, healthy, _send_sock, _control_ids,
+    """Needs from its host: dp_size, builder, metrics, healthy, _send_sock, _control_ids,
     _control_waiters and _raise_if_unhealthy."""
 
     async def flush_cache(self, timeout: float = CONTROL_TIMEOUT_S) -> FlushCacheReqOutput:
@@ -54,8 +54,6 @@ class TokenizerCommunicatorMixin:
         info = merge_server_infos([dict(o.info) for o in outs])
         info["shm_fallback_count"] = self.builder.shm_fallback_count
         info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
-        cache = self.grammar_validator.cache if self.grammar_validator is not None else None
-        info["grammar_check_cache"] = cache.stats() if cache is not None else None  # grammars checked before sending
         if getattr(self.builder, "ipc", None) is not None:
             info.update(self.builder.ipc.stats())
         return info

@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.process import BaseProcess
 from typing import Any, AsyncIterator, Callable
 
-from sglang.srt.constrained.validation import GrammarValidator
 from sglang.srt.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.data_parallel_messages import request_header
 from sglang.srt.managers.io_struct import AbortReq, FinishReason, GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
@@ -44,7 +43,6 @@ UNSENT_SHM_MAX_AGE_S = 30.0
 
 
 class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
-    grammar_validator: GrammarValidator | None = None  # set in __init__
     dp_size = 1  # replicas answering each control request (set in __init__ from --dp-size)
     ids_only = False  # --skip-tokenizer-init: outputs carry output_ids and no text (set in __init__)
 
@@ -63,10 +61,6 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
         self.stage_timer = self.builder.stage_timer
         self.metrics = ServingMetrics(server_args.served_model_name or self.model_path) if server_args.enable_metrics else None
         self._request_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-req")
-        # constrained output: a request's grammar compiles here (worker thread, time limit) before it is sent
-        # (with the tokenizer the builder loaded: one per process)
-        self.grammar_validator = GrammarValidator(server_args, self.builder.tokenizer,
-                                        self.builder.vocab_size)
 
         self.rid_to_state: dict[str, _ReqState] = {}
         # Requests between tokenize_request and generate_tokenized (images decoding, not yet sent):
@@ -127,8 +121,6 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
             self._zmq_ctx.destroy(linger=0)
             self._zmq_ctx = None
         self._request_pool.shutdown(wait=False, cancel_futures=True)
-        if self.grammar_validator is not None:
-            self.grammar_validator.close()
         self.builder.close()
 
     def _spawn(self, coro) -> None:
@@ -211,10 +203,9 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
         self._preparing[rid] = time.monotonic()
         try:
             checked = self.builder.check(obj, rid)
-            built = await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
-            if self.grammar_validator is not None:  # after build's prompt-length checks: a refused prompt compiles nothing
-                await self.grammar_validator.check(checked.sampling.grammar_key())  # does not compile (in time): 400
-            return built
+            # a grammar is not compiled here: the scheduler ranks compile it (once each) and answer a 400 naming
+            # the problem; `check` did the cheap part (size limit, JSON parse, a grammar backend to compile it)
+            return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
         except BaseException as e:
             self._forget_preparing(rid)
             release_unsent(self.builder.take_unsent_shm(rid))  # built, then refused or cancelled: never sent

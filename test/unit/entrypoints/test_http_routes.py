@@ -12,6 +12,7 @@ import pytest
 
 from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.auth import OPEN_PATHS
+from sglang.srt.errors import GenerateError
 from sglang.srt.server_args import ServerArgs
 
 MODEL = "org/tiny-model"
@@ -33,7 +34,9 @@ class FakeTM:
 
     async def tokenize_request(self, obj):
         self.requests.append(obj)
-        return SimpleNamespace(rid=obj.rid or "r1"), b""
+        regex = (obj.sampling_params or {}).get("regex")
+        key = ("regex", regex) if regex is not None else None
+        return SimpleNamespace(rid=obj.rid or "r1", sampling_params=SimpleNamespace(grammar_key=lambda: key)), b""
 
     async def tokenize_requests(self, groups):
         return [await self.tokenize_request(obj) for g in groups for obj in g]
@@ -41,6 +44,8 @@ class FakeTM:
     async def generate_tokenized(self, tokenized, payload=None):
         try:
             for out in self.script:
+                if isinstance(out, Exception):  # what a scheduler-side failure (a bad grammar) raises here
+                    raise out
                 yield out
             if self.hang:
                 await asyncio.Event().wait()
@@ -184,6 +189,39 @@ def test_generate_stream_output_sends_only_the_new_text_and_ids():
     for i in (0, 1):
         assert "".join(e["text"] for e in events if e["index"] == i) == "Hello!"
         assert [t for e in events if e["index"] == i for t in e["output_ids"]] == [1, 2, 3]
+
+
+BAD_REGEX = GenerateError("invalid regex: parenthesis is not closed")  # as the scheduler ranks answer it
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/generate", {"input_ids": [5], "stream": True, "sampling_params": {"regex": "a(b"}}),
+    ("/generate", {"input_ids": [[5], [6]], "stream": True, "sampling_params": {"regex": "a(b"}}),
+    ("/v1/completions", {"prompt": "x", "stream": True, "regex": "a(b"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True, "regex": "a(b"}),
+])
+def test_a_stream_whose_grammar_fails_on_the_scheduler_is_a_400(path, body):
+    """The grammar compiles on the scheduler ranks, so its failure is the generation's first output: a
+    constrained stream holds its response until then, and a bad grammar is a 400 naming the problem, with
+    every generation closed (aborted), as when the tokenizer compiled it."""
+    tm = FakeTM()
+    tm.script = [BAD_REGEX]
+    status, out = call_json(_app(tm), "POST", path, body)
+    assert status == 400 and out["error"]["message"] == "invalid regex: parenthesis is not closed", out
+    assert tm.closed_generations == len(tm.requests) >= 1
+
+
+def test_an_unconstrained_stream_is_not_held():
+    """Without a grammar the response starts at once: a later failure is an error event in a 200 stream."""
+    tm = FakeTM()
+    tm.script = [_out("He"), GenerateError("engine failed", 500, "server_error")]
+    status, data = call(_app(tm), "POST", "/generate", {"input_ids": [5], "stream": True})
+    events = sse_events(data)
+    assert status == 200 and events[0]["text"] == "He" and events[-1]["error"]["message"] == "engine failed"
+    tm.script = [_out("He"), _out("Hello", {"type": "length"})]  # held, a good grammar streams as before
+    status, data = call(_app(tm), "POST", "/generate", {"input_ids": [5], "stream": True,
+                                                        "sampling_params": {"regex": "[a-z]+"}})
+    assert status == 200 and [e["text"] for e in sse_events(data)] == ["He", "Hello"]
 
 
 @pytest.mark.parametrize("path, body", [

@@ -87,7 +87,6 @@ def test_stop_regex_is_checked_where_the_request_enters():
 ])
 def test_skip_tokenizer_init_refuses_what_needs_the_tokenizer(kwargs, params, word):
     from sglang.srt.managers.io_struct import GenerateReqInput
-    from sglang.srt.managers.request_builder import RequestBuilder
 
     sampling, _ = make_sampling_params(params)
     with pytest.raises(GenerateError, match=word) as e:

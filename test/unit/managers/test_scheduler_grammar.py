@@ -161,7 +161,7 @@ def test_n_copies_get_their_own_matchers(path):
 
 def test_without_a_grammar_backend_constraints_are_refused(path):
     s = InProcessScheduler(path)
-    s.sched.grammar_queue = None  # what --grammar-backend none leaves (the tokenizer manager refuses first)
+    s.sched.grammar_queue = None  # what --grammar-backend none leaves (the request builder refuses first)
     rid = s.submit(_text(10, 1), None, max_new_tokens=5, ebnf='root ::= "x"')
     s.run_until_idle()
     assert s.finished[rid].status_code == 400 and "--grammar-backend none" in s.finished[rid].message
@@ -191,15 +191,35 @@ def test_chunked_prefill_masks_only_the_row_that_samples(path, tok, monkeypatch)
     _check_json(tok.decode(chunked.outputs[a], skip_special_tokens=True))
 
 
-def test_a_grammar_whose_language_runs_out_is_a_400_not_a_500(path):
-    """A tool's parameters {"$ref": "#"} (no output can match it) behind a tag's opening text: the row
-    after that text allows no token. The request ends with a 400 naming its grammar, not the 500 of a
-    sampled token that 'does not fit'. (The tokenizer manager refuses this one before sending; the
-    scheduler must not treat what reaches it otherwise as a server fault.)"""
-    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<call>", "end": "</call>",
-                                                "content": {"type": "json_schema", "json_schema": {"$ref": "#"}}}}
+TAG_WITHOUT_OUTPUT = {"type": "structural_tag", "format": {
+    "type": "tag", "begin": "<call>", "end": "</call>", "content": {"type": "json_schema", "json_schema": {"$ref": "#"}}}}
+
+
+def test_a_grammar_without_output_is_refused_where_it_compiles(path):
+    """A tool's parameters {"$ref": "#"} (no output can match it) behind a tag's opening text: the rank's
+    compile is the grammar's check, so the request ends with a 400 naming the schema before it holds KV,
+    and a neighbour with a good grammar runs."""
     s = InProcessScheduler(path)
-    rid = s.submit(_text(10, 1), None, max_new_tokens=30, structural_tag=json.dumps(tag))
+    rid = s.submit(_text(10, 1), None, max_new_tokens=30, structural_tag=json.dumps(TAG_WITHOUT_OUTPUT))
+    good = s.submit(_text(10, 2), None, max_new_tokens=30, regex="(ab|cd)+x")
+    _compiled(s)
+    s.run_until_idle()
+    fr = s.finished[rid]
+    assert fr.type == "abort" and fr.status_code == 400, fr
+    assert fr.message == ("invalid structural_tag: the JSON schema at $.format.content admits no output at all "
+                          '(a schema that only refers to itself, such as {"$ref": "#"}, matches nothing)'), fr.message
+    assert s.finished[good].type == "stop"
+    s.assert_no_leak()
+
+
+def test_a_grammar_whose_language_runs_out_is_a_400_not_a_500(path):
+    """The same tag past the compile-time check (compiled plainly here): the row after the opening text
+    allows no token. The request ends with a 400 naming its grammar, not the 500 of a sampled token that
+    'does not fit': the scheduler must not treat a grammar's dead end as a server fault."""
+    s = InProcessScheduler(path)
+    queue = s.sched.grammar_queue
+    queue.cache._compile = queue.backend.compile  # no empty-language check: the dead end is met mid-decode
+    rid = s.submit(_text(10, 1), None, max_new_tokens=30, structural_tag=json.dumps(TAG_WITHOUT_OUTPUT))
     _compiled(s)
     s.run_until_idle()
     fr = s.finished[rid]

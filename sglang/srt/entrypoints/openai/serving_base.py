@@ -2,7 +2,8 @@
 `OpenAIServingBase`, the request flow of the OpenAI endpoints (chat and completions).
 
 The flow: parse and validate the body, build a `GenerateReqInput`, tokenize; any problem so far is
-answered with its 4xx before a byte is streamed. Then either stream SSE chunks (ending with
+answered with its 4xx before a byte is streamed (a constrained stream also waits for its grammar to
+compile on the scheduler: `hold_for_grammar`). Then either stream SSE chunks (ending with
 `data: [DONE]`) or wait for the final output while watching for the client going away; a client
 that leaves has its request aborted in the scheduler either way.
 """
@@ -166,6 +167,36 @@ async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[
             await st.aclose()
 
 
+async def _resumed(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()
+
+
+async def hold_for_grammar(prepared: list[Any], streams: list[AsyncIterator[T]]) -> list[AsyncIterator[T]]:
+    """Streams of constrained requests, held until every stream has its first output. A grammar
+    compiles on the scheduler ranks, not before the request is sent, so a bad one (invalid, empty
+    language, past the time limit) is known only from the request's first output: holding the response
+    until then lets it be a 400 naming the problem, not a 200 whose stream ends in an error event.
+    Without a constraint the streams are returned untouched (nothing is held). On an error every stream
+    is closed (aborting the others) and the first prompt's error is raised."""
+    if not any(t.sampling_params.grammar_key() is not None for t, _ in prepared):
+        return streams
+    # every stream is started (a prepared request not started would stay registered as preparing)
+    firsts = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
+    failed = next((f for f in firsts if isinstance(f, BaseException)), None)
+    if failed is not None:
+        for s in streams:
+            await s.aclose()
+        if isinstance(failed, StopAsyncIteration):  # a generation always yields its final output
+            raise GenerateError("the request ended without an output", 500, "server_error")
+        raise failed
+    return [_resumed(f, s) for f, s in zip(firsts, streams)]
+
+
 async def indexed_chunks(merged: AsyncIterator[tuple[int, dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
     """Chunks of several native streams (/generate or Engine: a batch, n samples, or both) as they
     come, each tagged with "index": its request's position in the expanded list (prompts in order,
@@ -252,6 +283,10 @@ class OpenAIServingBase:
         ctx = ResponseContext(f"{self.id_prefix}-{prepared[0][0].rid}", req.model or self.model_name, int(created),
                               self._text_lane(), [t for t, _ in prepared])
         if req.stream:
+            try:
+                streams = await hold_for_grammar(prepared, streams)  # a grammar that fails: a 400, not an SSE error
+            except GenerateError as e:
+                return error_response(e)
             tagged = merge_streams(streams)
             events = self._stream_events(req, ctx, tagged)
             return StreamingResponse(sse_stream(events, tagged), media_type="text/event-stream")
