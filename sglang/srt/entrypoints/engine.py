@@ -22,6 +22,7 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any, AsyncIterator, Callable, Iterator
 
+from sglang.srt.entrypoints.engine_requests import EngineOptions, engine_request_groups
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -225,7 +226,9 @@ class Engine:
 
     `generate` takes one prompt (or message list) or a batch (a list of them) and returns
     `{"text", "output_ids", "meta_info"}` dicts; `stream=True` returns an iterator of cumulative
-    chunks (for a batch or n > 1, every request's chunks as they come, tagged "index").
+    chunks (for a batch or n > 1, every request's chunks as they come, tagged "index"). With n > 1 a
+    prompt is built once (its images or videos fetched, decoded, hashed and put in shared memory once)
+    and its other samples cloned, as the HTTP routes do (`TokenizerManager.tokenize_requests`).
     `async_generate` takes the same arguments from the caller's own event loop. Use as a context
     manager or call `shutdown()`; it also runs at exit.
     Children are spawned, so a script creating an Engine needs the `if __name__ == "__main__":` guard."""
@@ -278,10 +281,10 @@ class Engine:
         `mm_processor_kwargs` (vLLM): as on /generate."""
         objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
                                        return_logprob, logprob_start_len, top_logprobs_num, video_data,
-                                       _Options(priority, images_config, mm_processor_kwargs))
+                                       EngineOptions(priority, images_config, mm_processor_kwargs))
         if stream:
             return self._stream(objs)
-        return self._run(self._collect_batch(objs) if as_list else self._collect(objs[0]))
+        return self._run(self._collect(objs, as_list))
 
     async def async_generate(
         self,
@@ -303,83 +306,48 @@ class Engine:
         without blocking that loop; with `stream=True` it returns an async iterator of the chunks."""
         objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
                                        return_logprob, logprob_start_len, top_logprobs_num, video_data,
-                                       _Options(priority, images_config, mm_processor_kwargs))
+                                       EngineOptions(priority, images_config, mm_processor_kwargs))
         if stream:
             return self._astream(objs)
-        return await asyncio.wrap_future(self._submit(self._collect_batch(objs) if as_list else self._collect(objs[0])))
+        return await asyncio.wrap_future(self._submit(self._collect(objs, as_list)))
 
     def _requests(self, prompt, messages, image_data, sampling_params, stream, input_ids, return_logprob,
-                  logprob_start_len, top_logprobs_num, video_data=None, options: "_Options | None" = None
+                  logprob_start_len, top_logprobs_num, video_data=None, options: "EngineOptions | None" = None
                   ) -> tuple[list, bool]:
-        """(the requests to run: one per prompt and sample, whether the caller gets a list)."""
-        from sglang.srt.entrypoints.openai.protocol import pick_media_settings
-        from sglang.srt.managers.io_struct import GenerateReqInput
+        """(the requests to run: one group per prompt, its `n` samples; whether the caller gets a list)."""
+        return engine_request_groups(prompt, messages, image_data, sampling_params, stream, input_ids, return_logprob,
+                                     logprob_start_len, top_logprobs_num, video_data, options)
 
-        options = options or _Options()
-        media_kwargs, media_kwargs_name = pick_media_settings(options.mm_processor_kwargs, options.images_config)
+    async def _generations(self, groups) -> list[AsyncIterator[dict]]:
+        """Each prompt prepared once and its other samples cloned with their own rid and seed (media
+        fetched, decoded, hashed and written to shared memory once per prompt), the prompts concurrently:
+        the tokenizer manager's `tokenize_requests`, as /generate and the OpenAI routes use it. Then one
+        generation per sample, in prompt-major order."""
+        tm = self.tokenizer_manager
+        return [tm.generate_tokenized(t, p) for t, p in await tm.tokenize_requests(groups)]
 
-        logprob_kw = {k: v for k, v in (("logprob_start_len", logprob_start_len), ("top_logprobs_num", top_logprobs_num))
-                      if v is not None}
-        if return_logprob:
-            logprob_kw["return_logprob"] = True
-        if logprob_kw:
-            sampling_params = ([{**(p or {}), **logprob_kw} for p in sampling_params] if isinstance(sampling_params, list)
-                               else {**(sampling_params or {}), **logprob_kw})
+    async def _collect(self, groups, as_list: bool) -> dict | list[dict]:
+        from sglang.srt.entrypoints.openai.serving_base import drain
 
-        batch = isinstance(prompt, list) or (input_ids and isinstance(input_ids[0], list)) or (
-            messages and isinstance(messages[0], list)
-        )
-        if not batch:
-            if isinstance(options.priority, list):
-                raise ValueError("priority is one integer for one prompt")
-            obj = GenerateReqInput(text=prompt, input_ids=input_ids, messages=messages,
-                                   image_data=_as_image_list(image_data), video_data=_as_image_list(video_data),
-                                   sampling_params=dict(sampling_params or {}), stream=stream,
-                                   priority=options.priority, mm_processor_kwargs=media_kwargs,
-                                   mm_kwargs_name=media_kwargs_name)
-            copies = obj.parallel_copies()
-            return copies, len(copies) > 1
-        n = len(prompt if isinstance(prompt, list) else input_ids if input_ids else messages)
-        per_images = list(image_data) if image_data is not None else [None] * n
-        per_params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
-        per_videos = list(video_data) if video_data is not None else [None] * n
-        if len(per_images) != n or len(per_params) != n or len(per_videos) != n:
-            raise ValueError(f"a batch of {n} requests needs {n} image_data, video_data and sampling_params entries")
-        per_priority = options.priority if isinstance(options.priority, list) else [options.priority] * n
-        if len(per_priority) != n:
-            raise ValueError(f"a batch of {n} requests needs priority as one integer or a list of {n}")
-        objs = [
-            GenerateReqInput(text=prompt[i] if prompt else None, input_ids=input_ids[i] if input_ids else None,
-                             messages=messages[i] if messages else None, image_data=_as_image_list(per_images[i]),
-                             video_data=_as_image_list(per_videos[i]),
-                             sampling_params=dict(per_params[i] or {}), stream=stream, priority=per_priority[i],
-                             mm_processor_kwargs=media_kwargs, mm_kwargs_name=media_kwargs_name)
-            for i in range(n)
-        ]
-        return [c for o in objs for c in o.parallel_copies()], True
+        outs = await asyncio.gather(*(drain(g) for g in await self._generations(groups)))
+        return list(outs) if as_list else outs[0]
 
-    async def _collect(self, obj) -> dict:
-        out = None
-        async for out in self.tokenizer_manager.generate_request(obj):
-            pass
-        return out
-
-    async def _collect_batch(self, objs) -> list[dict]:
-        return list(await asyncio.gather(*(self._collect(o) for o in objs)))
-
-    def _chunks(self, objs) -> AsyncIterator[dict]:
+    async def _chunks(self, groups) -> AsyncIterator[dict]:
         """Cumulative chunks of one request (only what is new in each with --stream-output); of several (a
         batch, n samples), every request's chunks as they come, each tagged "index" as /generate tags them.
-        Runs on the engine's loop."""
+        Runs on the engine's loop; closing it aborts every unfinished request."""
         from sglang.srt.entrypoints.native_generate import stream_deltas
         from sglang.srt.entrypoints.openai.serving_base import indexed_chunks, merge_streams
 
-        tm = self.tokenizer_manager
-        if len(objs) == 1:
-            chunks = tm.generate_request(objs[0])
-        else:
-            chunks = indexed_chunks(merge_streams([tm.generate_request(o) for o in objs]))
-        return stream_deltas(chunks) if self.server_args.stream_output else chunks
+        streams = await self._generations(groups)
+        chunks = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))
+        if self.server_args.stream_output:
+            chunks = stream_deltas(chunks)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()
 
     def _stream(self, objs) -> Iterator[dict]:
         agen = self._chunks(objs)
@@ -432,18 +400,3 @@ def _shutdown_engine(loop, thread, tokenizer_manager, procs, port_args) -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
     shutdown_subprocesses(procs, port_args)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    """Per-request options of generate() beyond the prompt, media and sampling parameters."""
-
-    priority: int | list[int] | None = None
-    images_config: dict | None = None
-    mm_processor_kwargs: dict | None = None
-
-
-def _as_image_list(image_data: Any) -> list[Any]:
-    if image_data is None:
-        return []
-    return list(image_data) if isinstance(image_data, (list, tuple)) else [image_data]
