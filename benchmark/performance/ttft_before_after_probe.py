@@ -1,6 +1,8 @@
 """Interleaved TTFT probe of two servers (before / after trees), one request at a time, alternating:
 a new JSON schema's time to first token, and an n=4 video chat's (a fresh clip each time).
-Usage: python benchmark/performance/ttft_before_after_probe.py BEFORE_TREE AFTER_TREE (ROUNDS=6 by default)"""
+Usage: python benchmark/performance/ttft_before_after_probe.py BEFORE_TREE AFTER_TREE (ROUNDS=6 by default)
+ONLY=schema skips the video rounds; WARM_GRAMMAR=1 warms each server with one constrained request first
+(xgrammar's vocabulary view, built once per process, then stays out of every round)."""
 import json, os, subprocess, sys, time, uuid, statistics, signal
 import requests
 trees = {"before": sys.argv[1], "after": sys.argv[2]}
@@ -11,7 +13,7 @@ model = str(ensure_model("qwen3-vl-tiny"))
 media = os.environ.get("PROBE_MEDIA_DIR", "/tmp/ttft_probe_media"); os.makedirs(media, exist_ok=True)
 procs, urls = {}, {}
 for i, (name, tree) in enumerate(trees.items()):
-    port = 31900 + i
+    port = int(os.environ.get("PROBE_PORT", "31900")) + i
     log = open(f"{media}/server_{name}.log", "w")
     procs[name] = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
                                     "--allowed-local-media-path", media], env=dict(os.environ, PYTHONPATH=tree), cwd=tree,
@@ -41,6 +43,9 @@ res = {n: {"schema": [], "video": []} for n in trees}
 try:
     for url in urls.values():
         ttft(url, {"model": "m", "messages": [{"role": "user", "content": "warm"}], "max_tokens": 2})
+        if os.environ.get("WARM_GRAMMAR") == "1":
+            ttft(url, {"model": "m", "messages": [{"role": "user", "content": "warm"}], "max_tokens": 2,
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}})
     for i in range(int(os.environ.get("ROUNDS", "6"))):
         props = {f"p{uuid.uuid4().hex[:8]}_{k}": {"type": ["string", "integer", "boolean"][k % 3]} for k in range(12)}
         schema = {"type": "object", "properties": props, "required": list(props)}
@@ -50,11 +55,12 @@ try:
         for name in order:  # the same schema is new to each server; the same clip too
             res[name]["schema"].append(ttft(urls[name], {"model": "m", "messages": [{"role": "user", "content": f"json {i}"}],
                 "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}))
-        for name in order:
+        for name in order if os.environ.get("ONLY") != "schema" else ():
             res[name]["video"].append(ttft(urls[name], {"model": "m", "n": 4, "max_tokens": 4, "messages": [{"role": "user", "content": [
                 {"type": "video_url", "video_url": {"url": path}}, {"type": "text", "text": "Describe it."}]}]}))
     for name in trees:
         for k, v in res[name].items():
+            if not v: continue
             print(name, k, [round(x) for x in v], "median", round(statistics.median(v)), "min", round(min(v)))
 finally:
     for p in procs.values():
