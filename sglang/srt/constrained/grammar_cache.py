@@ -1,4 +1,4 @@
-"""Compiled grammars (or verdicts) by key `(kind, text)`, compiled by `CompileThreads`, kept in an LRU
+"""Compiled grammars by key `(kind, text)`, compiled by `CompileThreads`, kept in an LRU
 bounded by entry count and by bytes.
 
 `get(key)` returns a `concurrent.futures.Future`: the same one for every caller of a key while it is
@@ -7,7 +7,7 @@ holds the error, a time-limit overrun included): the same invalid or too slow gr
 without compiling. Entries are keyed by the text's SHA-256, not the text (which may be 64 KiB).
 
 Bytes: an entry weighs `size_of(result)` once compiled (the scheduler's: xgrammar's
-`CompiledGrammar.memory_size_bytes`, the grammar and its token-mask cache; a verdict: nothing) plus its
+`CompiledGrammar.memory_size_bytes`, the grammar and its token-mask cache; a result without it: nothing) plus its
 key. Least recently used entries go until both bounds hold; a compiled entry larger than the whole budget
 is not kept (its callers still get it through their future). Thread-safe.
 """
