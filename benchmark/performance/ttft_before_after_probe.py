@@ -1,7 +1,8 @@
 """Interleaved TTFT probe of two servers (before / after trees), one request at a time, alternating:
 a new JSON schema's time to first token, and an n=4 video chat's (a fresh clip each time).
 Usage: python benchmark/performance/ttft_before_after_probe.py BEFORE_TREE AFTER_TREE (ROUNDS=6 by default)
-ONLY=schema skips the video rounds; WARM_GRAMMAR=1 warms each server with one constrained request first
+ONLY=schema skips the video rounds; SCHEMA_PROPS=N makes each round's schema N patterned string
+properties (a heavier compile) instead of 12 plain ones; WARM_GRAMMAR=1 warms each server with one constrained request first
 (xgrammar's vocabulary view, built once per process, then stays out of every round)."""
 import json, os, subprocess, sys, time, uuid, statistics, signal
 import requests
@@ -47,7 +48,10 @@ try:
             ttft(url, {"model": "m", "messages": [{"role": "user", "content": "warm"}], "max_tokens": 2,
                        "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}})
     for i in range(int(os.environ.get("ROUNDS", "6"))):
-        props = {f"p{uuid.uuid4().hex[:8]}_{k}": {"type": ["string", "integer", "boolean"][k % 3]} for k in range(12)}
+        big = int(os.environ.get("SCHEMA_PROPS", "0"))  # N: N patterned string properties (a compile of ~N ms)
+        props = ({f"p{uuid.uuid4().hex[:8]}_{k}": {"type": "string", "pattern": f"[a-z]{{1,{k % 7 + 2}}}[0-9]{{2}}"}
+                  for k in range(big)} if big else
+                 {f"p{uuid.uuid4().hex[:8]}_{k}": {"type": ["string", "integer", "boolean"][k % 3]} for k in range(12)})
         schema = {"type": "object", "properties": props, "required": list(props)}
         path = f"{media}/clip{i}_{uuid.uuid4().hex[:6]}.mp4"
         open(path, "wb").write(make_clip(320, 240, 4, 8, seed=100 + i))
