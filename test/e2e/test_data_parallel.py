@@ -144,3 +144,18 @@ def test_a_dead_replica_or_controller_takes_the_server_down(launch_server, victi
     assert s.proc.returncode != 0 and time.monotonic() - start < 30
     s.stop()
     s.assert_clean()
+
+
+def test_a_grammar_that_fails_to_compile_is_a_400_on_either_replica(dp2):
+    """Each request's grammar compiles on the replica it went to; an invalid one is a 400 naming the
+    problem whichever replica took it (n=4: the samples spread), and the replicas serve on."""
+    url = dp2.url
+    with ThreadPoolExecutor(4) as pool:
+        bad = list(pool.map(lambda i: requests.post(url + "/generate", timeout=120, json={
+            "text": f"Code {i}:", "sampling_params": {"max_new_tokens": 4, "n": 4, "regex": "a(b"}}), range(4)))
+    for r in bad:
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("invalid regex:"), r.text
+    outs = [_generate(url, f"Code {i}:", regex="[0-9]{4}") for i in range(4)]
+    assert all(o["text"].isdigit() and len(o["text"]) == 4 for o in outs), outs
+    wait_until(lambda: _idle(url), 60, what="both replicas idle")
+    assert requests.get(url + "/get_server_info", timeout=10).json()["num_grammar_queue_reqs"] == 0

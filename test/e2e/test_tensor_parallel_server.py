@@ -76,3 +76,16 @@ def test_killed_rank_makes_server_exit(launch_server):
     assert time.monotonic() - start < 60
     s.stop()
     s.assert_clean()
+
+
+def test_tp2_a_grammar_that_fails_to_compile_is_one_400_and_the_server_serves_on(tp2_server):
+    """Grammars compile on each rank (the ranks agree on the verdict); only rank 0 answers, so a streamed
+    request with an invalid regex gets one 400 naming the problem, and a valid grammar runs after it."""
+    url = tp2_server.url
+    bad = requests.post(url + "/generate", timeout=120, json={
+        "text": "Code:", "stream": True, "sampling_params": {"max_new_tokens": 4, "regex": "a(b"}})
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["message"].startswith("invalid regex:"), bad.text
+    good = requests.post(url + "/generate", timeout=120, json={
+        "text": "Code:", "sampling_params": {"max_new_tokens": 8, "temperature": 0, "regex": "[0-9]{4}"}})
+    assert good.status_code == 200 and len(good.json()["text"]) == 4 and good.json()["text"].isdigit(), good.text
