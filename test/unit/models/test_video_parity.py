@@ -1,4 +1,4 @@
-"""Videos through our Qwen3-VL / Qwen2.5-VL against transformers on the same random weights (float32):
+"""Videos through our Qwen3-VL / Qwen2.5-VL / Qwen3-VL-MoE against transformers on the same random weights (float32):
 transformers' model is fed OUR processor's pixel_values_videos / video_grid_thw (and Qwen2.5-VL's
 second_per_grid_ts) on the same prompt ids; logits of every prompt position agree within 1e-4 relative
 error and greedy tokens are identical: video alone, video + images in any order, two videos, and chunked
@@ -19,7 +19,7 @@ from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor  # noqa: E4
 from sglang.testing.sample_video import make_clip  # noqa: E402
 
 VIDEO_PAD, IMAGE_PAD, VISION_START, VISION_END = 151656, 151655, 151652, 151653
-MODELS = ("qwen3-vl-tiny", "qwen2.5-vl-tiny")
+MODELS = ("qwen3-vl-tiny", "qwen2.5-vl-tiny", "qwen3-vl-moe-tiny")  # the MoE: Qwen3-VL's tower, sparse decoder
 
 
 @pytest.fixture(scope="module", params=MODELS)
