@@ -105,6 +105,40 @@ def test_interpreted_fused_experts_equal_the_reference(t, e, k, h, n, route, see
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * max(1.0, ref.abs().max().item()))
 
 
+def _remote(ids, weights, e, keep):
+    """Expert parallelism: this rank holds experts [0, keep); the others' ids -1, their weights 0."""
+    mine = ids < keep
+    return torch.where(mine, ids, -1).to(torch.int32), torch.where(mine, weights, 0.0), slice(0, keep)
+
+
+@pytest.mark.parametrize("t,e,k,keep,block", [(9, 8, 2, 4, 4), (1, 8, 2, 4, 16), (7, 6, 3, 2, 1)])
+def test_align_sends_other_ranks_ids_past_the_last_block(t, e, k, keep, block):
+    g = torch.Generator().manual_seed(t)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    local, _, _ = _remote(ids, torch.ones(t, k), e, keep)
+    sorted_ids, expert_ids, num_post = moe_align_block_size(local, block, keep)
+    ref_sorted, ref_experts, ref_post = moe_align_block_size_reference(local, block, keep)
+    n = int(num_post.item())
+    assert n == ref_post and sorted_ids[:n].tolist() == ref_sorted
+    assert expert_ids[: n // block].tolist() == ref_experts and (expert_ids[n // block:] == -1).all()
+
+
+@pytest.mark.parametrize("t,e,k,keep", [(11, 8, 2, 4), (5, 6, 3, 3), (3, 4, 2, 1)])
+def test_interpreted_fused_experts_skip_other_ranks_experts(t, e, k, keep):
+    """ids -1 (experts on other ranks): the kernel and the torch path both leave them out; the rank's
+    output equals the dense math over its own experts."""
+    pytest.importorskip("triton")
+    from sgl_kernel.testing import interpreted
+
+    x, w13, w2, _, weights, ids = _case(t, e, k, 40, 24, t)
+    local, w_local, mine = _remote(ids, weights, e, keep)
+    ref = _dense(x, w13[mine], w2[mine], w_local, local)
+    torch.testing.assert_close(fused_experts_torch(x, w13[mine], w2[mine], w_local, local), ref)
+    with interpreted(KERNEL_MODULE):
+        out = fused_experts(x, w13[mine], w2[mine], w_local, local, backend="triton", has_remote=True)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_interpreted_one_token_and_no_token():
     pytest.importorskip("triton")
     from sgl_kernel.testing import interpreted

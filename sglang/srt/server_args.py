@@ -36,6 +36,10 @@ class ServerArgs:
     port: int = field(default=30000, metadata=_arg("HTTP port"))
     tp_size: int = field(default=1, metadata=_arg(
         "tensor-parallel ranks (one scheduler process each)", aliases=("--tensor-parallel-size",)))
+    ep_size: int = field(default=1, metadata=_arg(
+        "expert parallelism inside the --tp-size ranks (MoE models): the experts split into ep_size groups, each "
+        "held by tp_size/ep_size ranks that shard its experts' intermediate dim; must divide --tp-size and the "
+        "expert count; partial outputs combined by the TP all-reduce", aliases=("--expert-parallel-size", "--ep")))
     nnodes: int = field(default=1, metadata=_arg("number of nodes"))
     node_rank: int = field(default=0, metadata=_arg("this node's rank"))
     dist_init_addr: str | None = field(default=None, metadata=_arg(

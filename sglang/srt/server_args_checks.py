@@ -79,6 +79,8 @@ def check_and_normalize(args) -> list[str]:
             problems.append(str(e))
     if args.tp_size < 1:
         problems.append("--tp-size must be >= 1")
+    else:
+        problems += _expert_parallel_problems(args)
     if args.page_size < 1:
         problems.append("--page-size must be >= 1")
     if args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1:
@@ -105,6 +107,35 @@ def check_and_normalize(args) -> list[str]:
         problems.append("--dist-init-addr host:port is required with --nnodes > 1")
     return problems
 
+
+def _expert_parallel_problems(args) -> list[str]:
+    """--ep-size splits the experts inside the TP ranks (upstream's semantics): ep | tp, and, read from a local
+    config.json, a MoE model whose expert count ep divides and whose expert width tp/ep divides."""
+    import os
+
+    ep, tp = args.ep_size, args.tp_size
+    if ep < 1:
+        return ["--ep-size must be >= 1"]
+    if tp % ep:
+        return [f"--ep-size {ep} must divide --tp-size {tp}: the experts are split over the TP ranks (ep groups "
+                f"of tp/ep ranks each), as upstream does"]
+    path = os.path.join(str(args.model_path or ""), "config.json")
+    if ep == 1 or not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        raw = json.load(f)
+    text = raw.get("text_config", raw)
+    experts = text.get("num_experts") or text.get("num_local_experts") or 0
+    if not experts:
+        return [f"--ep-size {ep}: {args.model_path} is not a mixture-of-experts model (no num_experts); "
+                "drop --ep-size"]
+    if experts % ep:
+        return [f"--ep-size {ep}: the model's {experts} experts do not split into {ep} equal groups"]
+    inter = text.get("moe_intermediate_size", 0)
+    if inter % (tp // ep):
+        return [f"--ep-size {ep} --tp-size {tp}: each expert's moe_intermediate_size {inter} is sharded over "
+                f"tp/ep = {tp // ep} ranks and does not divide"]
+    return []
 
 
 def _data_parallel_problems(args) -> list[str]:

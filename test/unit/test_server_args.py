@@ -137,6 +137,9 @@ def test_video_limit_forms():
     (["--schedule-policy", "hrrn"], "--schedule-policy hrrn: highest-response-ratio-next is not implemented"),
     (["--schedule-policy", "shortest-prefill-first"], "--schedule-policy shortest-prefill-first: upstream's"),
     (["--context-length", "1"], "--context-length must be >= 2"),
+    (["--tp-size", "4", "--ep-size", "3"], "--ep-size 3 must divide --tp-size 4"),
+    (["--ep", "2"], "--ep-size 2 must divide --tp-size 1"),
+    (["--tp-size", "2", "--expert-parallel-size", "0"], "--ep-size must be >= 1"),
 ])
 def test_unsupported_values_stop_with_one_clear_line(argv, phrase, capsys):
     with pytest.raises(SystemExit) as e:
@@ -299,3 +302,29 @@ def test_replica_port_args_are_private_to_each_replica():
         import shutil
 
         shutil.rmtree(one.ipc_dir), shutil.rmtree(two.ipc_dir)
+
+
+def test_ep_size_refusals_read_the_model_config(tmp_path, capsys):
+    """--ep-size against the model: a dense model, an expert count ep does not divide, an expert width
+    tp/ep does not divide; a fitting MoE config parses."""
+    import json
+
+    def model(**text):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe", "text_config": text}))
+        return str(d)
+
+    moe = dict(num_experts=8, moe_intermediate_size=96)
+    a = ServerArgs.from_argv(["--model-path", model(**moe), "--tp-size", "4", "--ep", "2"])
+    assert (a.tp_size, a.ep_size) == (4, 2)
+    for argv, phrase in [
+        (["--model-path", model(intermediate_size=64), "--tp-size", "2", "--ep-size", "2"], "is not a mixture-of-experts"),
+        (["--model-path", model(num_experts=6, moe_intermediate_size=96), "--tp-size", "4", "--ep-size", "4"],
+         "the model's 6 experts do not split into 4 equal groups"),
+        (["--model-path", model(num_experts=8, moe_intermediate_size=90), "--tp-size", "8", "--ep-size", "2"],
+         "moe_intermediate_size 90 is sharded over tp/ep = 4 ranks"),
+    ]:
+        with pytest.raises(SystemExit):
+            ServerArgs.from_argv(argv)
+        assert phrase in capsys.readouterr().err

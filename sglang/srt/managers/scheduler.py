@@ -322,6 +322,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank:
             server_args.dist_init_addr or f"127.0.0.1:{port_args.nccl_port}",
             "nccl" if device == "cuda" else "gloo",
             server_args.watchdog_timeout,
+            server_args.ep_size,
         )
         scheduler = Scheduler(server_args, port_args, tp, gpu_id, dp_rank)
         ready_writer.send(SchedulerReady(scheduler.max_total_num_tokens, scheduler.context_length - 1,

@@ -1,7 +1,8 @@
 """The MoE ops and their torch references (the references are also the CPU path).
 
 Layouts: x [T, H]; w13 [E, 2N, H] (each expert's gate rows, then its up rows); w2 [E, H, N];
-topk_weights [T, k] float32; topk_ids [T, k] int32."""
+topk_weights [T, k] float32; topk_ids [T, k] int32. An id of -1 names an expert this rank does not hold
+(expert parallelism): that (token, slot) contributes nothing, and no kernel reads its row."""
 
 from __future__ import annotations
 
@@ -43,13 +44,16 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int
     expert), each expert's group padded to a multiple of block_m with the value T*k. sorted_ids has a
     fixed length (T*k + E*(block_m-1), rounded up to block_m), so the launch grid never waits for the
     counts; expert_ids[b] is the expert of row block b (-1 past num_post_padded), num_post_padded a
-    one-element int32 tensor: the rows in use."""
+    one-element int32 tensor: the rows in use.
+
+    Ids of -1 (experts on other ranks) go to a last bucket E past num_post_padded: no block reads them."""
     flat = topk_ids.reshape(-1).long()
+    flat = torch.where(flat < 0, num_experts, flat)
     total = flat.numel()
     dev = flat.device
-    cap = -(-(total + num_experts * (block_m - 1)) // block_m) * block_m
+    cap = -(-(total + (num_experts + 1) * (block_m - 1)) // block_m) * block_m
     # scatter_add, not bincount: bincount on CUDA reads the largest id back to size its output (a sync)
-    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
@@ -62,7 +66,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int
     block_starts = torch.arange(0, cap, block_m, device=dev)
     expert_ids = torch.searchsorted(ends, block_starts, right=True)
     expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
-    return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
+    return sorted_ids, expert_ids, ends[num_experts - 1 : num_experts].to(torch.int32)
 
 
 def moe_align_block_size_reference(topk_ids: torch.Tensor, block_m: int, num_experts: int):
@@ -71,7 +75,7 @@ def moe_align_block_size_reference(topk_ids: torch.Tensor, block_m: int, num_exp
     total = len(flat)
     sorted_ids, expert_ids = [], []
     for e in range(num_experts):
-        rows = [s for s, x in enumerate(flat) if x == e]
+        rows = [s for s, x in enumerate(flat) if x == e]  # -1 (another rank's expert) never matches
         if not rows:
             continue
         rows += [total] * (-len(rows) % block_m)
@@ -84,14 +88,17 @@ def moe_align_block_size_reference(topk_ids: torch.Tensor, block_m: int, num_exp
 def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                         topk_ids: torch.Tensor) -> torch.Tensor:
     """sum_k w_k * down_e(silu(gate_e(x)) * up_e(x)) over each token's k experts e, in x's dtype.
-    Tokens are grouped by expert and only experts that received tokens are computed."""
+    Tokens are grouped by expert and only experts that received tokens are computed (ids -1 sort last,
+    past every expert, and are never computed)."""
     t, k = topk_ids.shape
     out = torch.zeros_like(x)
     if t == 0:
         return out
+    e = w13.shape[0]
     flat = topk_ids.reshape(-1).long()
+    flat = torch.where(flat < 0, e, flat)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=e + 1)[:e].tolist()
     token_of = order // k
     weight_of = topk_weights.reshape(-1)[order].to(x.dtype)
     start = 0
@@ -121,7 +128,9 @@ def _check(x, w13, w2, topk_weights, topk_ids) -> None:
         raise ValueError(f"fused_experts: x, w13, w2 must share a dtype: {x.dtype}, {w13.dtype}, {w2.dtype}")
 
 
-def fused_experts_triton(x, w13, w2, topk_weights, topk_ids, config: dict | None = None) -> torch.Tensor:
+def fused_experts_triton(x, w13, w2, topk_weights, topk_ids, config: dict | None = None,
+                         has_remote: bool = True) -> torch.Tensor:
+    """has_remote: topk_ids may hold -1 (expert parallelism); False skips zeroing the down buffer."""
     from sgl_kernel.moe._moe_triton import moe_block_config, plan_fused_moe
 
     t, k = topk_ids.shape
@@ -135,7 +144,9 @@ def fused_experts_triton(x, w13, w2, topk_weights, topk_ids, config: dict | None
     sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids, config["BLOCK_M"], e)
     inter = torch.empty((t * k, n), dtype=x.dtype, device=x.device)
     plan_fused_moe(x, w13, inter, None, sorted_ids, expert_ids, num_post, t * k, k, True, config).launch()
-    down = torch.empty((t * k, h), dtype=x.dtype, device=x.device)
+    # rows of ids -1 are never written: zeroed, they add nothing to the sum over k
+    alloc = torch.zeros if has_remote else torch.empty
+    down = alloc((t * k, h), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1).contiguous()
     plan_fused_moe(inter, w2, down, weights, sorted_ids, expert_ids, num_post, t * k, 1, False, config).launch()
     return down.view(t, k, h).sum(dim=1, dtype=torch.float32).to(x.dtype) if x.dtype != torch.float32 \
@@ -143,8 +154,9 @@ def fused_experts_triton(x, w13, w2, topk_weights, topk_ids, config: dict | None
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+                  topk_ids: torch.Tensor, backend: str = "auto", has_remote: bool = False) -> torch.Tensor:
+    """has_remote: topk_ids may hold -1 for experts held by other ranks (expert parallelism)."""
     _check(x, w13, w2, topk_weights, topk_ids)
     if pick_backend(backend, x) == "torch":
         return fused_experts_torch(x, w13, w2, topk_weights, topk_ids)
-    return fused_experts_triton(x, w13.contiguous(), w2.contiguous(), topk_weights, topk_ids)
+    return fused_experts_triton(x, w13.contiguous(), w2.contiguous(), topk_weights, topk_ids, has_remote=has_remote)
