@@ -120,7 +120,8 @@ def _fused_moe_kernel(a_ptr, b_ptr, c_ptr, w_ptr, sorted_ids_ptr, expert_ids_ptr
 
 
 def moe_block_config(num_tokens: int, top_k: int, num_experts: int, on_cuda: bool = True) -> dict:
-    """Tile sizes of both GEMMs: BLOCK_M follows the tokens an expert gets on average (decode: few)."""
+    """Default tile sizes of both GEMMs (no tuned file, see sgl_kernel.moe.configs): BLOCK_M follows the
+    tokens an expert gets on average (decode: few)."""
     if not on_cuda:  # the interpreter: small tiles, the same math
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=1)
     per_expert = num_tokens * top_k / max(1, num_experts)
@@ -145,7 +146,7 @@ def plan_fused_moe(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, weights: t
              expert_ids_ptr=expert_ids, num_post_ptr=num_post, N=n, K=k, num_valid=num_valid, num_blocks_m=blocks_m,
              stride_am=a.stride(0), stride_be=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0)),
         dict(A_ROW_DIV=a_row_div, GATE_UP=gate_up, MUL_WEIGHT=weights is not None, BLOCK_M=bm,
-             BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], SWIZZLE=8,
+             BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], SWIZZLE=config.get("GROUP_M", 8),
              DOT_PRECISION="ieee" if fp32 else "tf32"),
         dict(num_warps=config["num_warps"], num_stages=config["num_stages"]),
     )

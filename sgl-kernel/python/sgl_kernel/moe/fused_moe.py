@@ -139,6 +139,10 @@ def fused_experts_triton(x, w13, w2, topk_weights, topk_ids, config: dict | None
     out = torch.zeros_like(x)
     if t == 0:
         return out
+    if config is None and x.is_cuda:  # tuned per (E, N, dtype, device) when a file exists
+        from sgl_kernel.moe.configs import device_name, dtype_str, pick_config
+
+        config = pick_config(t, k, e, n, dtype_str(x.dtype), device_name())
     config = config or moe_block_config(t, k, e, on_cuda=x.is_cuda)
     x = x.contiguous()
     sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids, config["BLOCK_M"], e)

@@ -1,0 +1,55 @@
+"""benchmark/kernels/fused_moe_triton/tune_fused_moe.py on CPU: it refuses to tune without a GPU, and its
+--smoke mode (a tiny shape, two candidates, under the Triton interpreter) writes an upstream-named file
+that the engine's config lookup then reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmark" / "kernels" / "fused_moe_triton" / "tune_fused_moe.py"
+
+
+def _tuner():
+    spec = importlib.util.spec_from_file_location("tune_fused_moe", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is what a CPU host sees")
+def test_refuses_without_a_gpu(capsys):
+    with pytest.raises(SystemExit) as e:
+        _tuner().main(["--preset", "qwen3-vl-30b-a3b"])
+    assert e.value.code == 2 and "tuning needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_smoke_writes_a_file_the_lookup_reads(tmp_path, monkeypatch):
+    from sgl_kernel.moe import configs
+
+    path = _tuner().main(["--smoke", "--out-dir", str(tmp_path)])
+    assert path.name == "E=4,N=16,device_name=cpu,dtype=float32.json"
+    table = json.loads(path.read_text())
+    assert set(table) == {"1", "8"} and set(table["1"]) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K",
+                                                           "GROUP_SIZE_M", "num_warps", "num_stages"}
+    monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path))
+    configs.load_configs.cache_clear()
+    try:
+        assert configs.pick_config(2, 2, 4, 16, "float32", "cpu") == configs.to_launch(table["1"])
+    finally:
+        configs.load_configs.cache_clear()
+
+
+def test_per_rank_shapes_follow_tp_and_ep():
+    mod = _tuner()
+    ap = lambda *a: type("A", (), dict(smoke=False, preset="qwen3-vl-30b-a3b", tp_size=a[0], ep_size=a[1]))  # noqa: E731
+    assert mod.shape_of(ap(1, 1)) == (128, 2048, 768, 8)
+    assert mod.shape_of(ap(4, 2)) == (64, 2048, 384, 8)
+    assert mod.shape_of(ap(8, 8)) == (16, 2048, 768, 8)
+    with pytest.raises(SystemExit):
+        mod.shape_of(ap(4, 3))
