@@ -2,7 +2,9 @@
 
 The released layout: every text decoder linear (q/k/v/o_proj, gate/up/down_proj) stores an e4m3 `weight`
 and a float32 `weight_scale_inv` with one scale per 128x128 block (multiplied: W ~= weight * scale);
-the vision tower, the embeddings and lm_head stay in the original dtype and are listed in
+MoE experts (fused in the bf16 releases) are stored one linear per expert, `mlp.experts.<e>.{gate,up,down}_proj`,
+each with its block scales, and the router `mlp.gate` stays unquantized; the vision tower, the embeddings and
+lm_head stay in the original dtype and are listed in
 `quantization_config.modules_to_not_convert`; `config.json` carries
 
     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -31,6 +33,38 @@ QUANT_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dyna
 # the text decoder's linears; the vision tower's own names (qkv, proj, linear_fc*, mlp.*) never match
 _TEXT_LINEAR = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.weight$")
 _INDEX = "model.safetensors.index.json"
+# Qwen3-VL-MoE experts as the bf16 releases fuse them: gate_up_proj [E, H, 2I], down_proj [E, I, H]
+_FUSED_EXPERTS = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.experts\.(?:gate_up_proj|down_proj)$")
+_EXPERT_LINEAR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def split_experts(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A fused expert tensor (released layout) as the -FP8 releases store experts: one 2-D linear per
+    expert, `<...>.experts.<e>.{gate,up,down}_proj.weight` ([I, H], [I, H], [H, I])."""
+    prefix, kind = name.rsplit(".", 1)
+    if kind == "gate_up_proj":
+        i = t.shape[2] // 2
+        return {f"{prefix}.{e}.{part}_proj.weight": t[e, :, s].t().contiguous()
+                for e in range(t.shape[0]) for part, s in (("gate", slice(0, i)), ("up", slice(i, 2 * i)))}
+    return {f"{prefix}.{e}.down_proj.weight": t[e].t().contiguous() for e in range(t.shape[0])}
+
+
+def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of split_experts over one file's tensors (a layer's experts never span files here)."""
+    groups: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+    out = {}
+    for name, t in tensors.items():
+        m = _EXPERT_LINEAR.match(name)
+        if m:
+            groups.setdefault(m.group(1), {})[int(m.group(2)), m.group(3)] = t
+        else:
+            out[name] = t
+    for prefix, parts in groups.items():
+        num = 1 + max(e for e, _ in parts)
+        out[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[e, "gate"].t(), parts[e, "up"].t()], dim=1) for e in range(num)])
+        out[f"{prefix}.down_proj"] = torch.stack([parts[e, "down"].t() for e in range(num)])
+    return out
 
 
 def is_quantized_linear(name: str) -> bool:
@@ -80,7 +114,12 @@ def quantize_folder(folder: str | os.PathLike) -> list[str]:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 t = f.get_tensor(name)
-                if is_quantized_linear(name):
+                if _FUSED_EXPERTS.search(name):  # MoE experts: one quantized linear per expert
+                    for part, w in split_experts(name, t).items():
+                        q, scale = quantize_weight_block_fp8(w, BLOCK)
+                        out[part], out[part[: -len("weight")] + "weight_scale_inv"] = q, scale
+                    quantized.append(name)
+                elif is_quantized_linear(name):
                     q, scale = quantize_weight_block_fp8(t, BLOCK)
                     out[name], out[name[: -len("weight")] + "weight_scale_inv"] = q, scale
                     quantized.append(name)
@@ -123,6 +162,7 @@ def dequantize_folder(src: str | os.PathLike, dst: str | os.PathLike, dtype: tor
                 if name.endswith(".weight") and scale_name in keys:
                     t = dequantize_block_fp8(t, f.get_tensor(scale_name), BLOCK, dtype)
                 out[name] = t.to(dtype) if t.is_floating_point() else t
+        out = fuse_experts(out)
         save_file(out, str(dst / path.name), metadata={"format": "pt"})
         names_by_file[path.name] = list(out)
     if (src / _INDEX).exists():

@@ -93,7 +93,7 @@ def _check_quantization(server_args: ServerArgs) -> None:
     with open(os.path.join(server_args.model_path, "config.json")) as f:
         raw = json.load(f)
     flag = None if server_args.quantization in (None, "", "none") else server_args.quantization
-    problem = startup_problem(raw, flag, server_args.tp_size)
+    problem = startup_problem(raw, flag, server_args.tp_size, server_args.ep_size)
     if problem:
         raise ValueError(problem)
 

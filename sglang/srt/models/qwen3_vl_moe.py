@@ -1,6 +1,7 @@
 """Qwen3-VL-MoE (Qwen3-VL-30B-A3B, -235B-A22B): Qwen3-VL's vision tower and deepstack on a Qwen3 text
 decoder whose MLPs are sparse: a softmax top-k router over fused experts (layers/moe). Layers listed
-in mlp_only_layers, or off the decoder_sparse_step grid, keep a dense MLP."""
+in mlp_only_layers, or off the decoder_sparse_step grid, keep a dense MLP. A -FP8 checkpoint's experts
+(one e4m3 linear per expert with 128x128 block scales) load into layers/moe/fp8_moe.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from sglang.srt.configs.model_config import ModelConfig, MoEConfig, TextConfig
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe import FusedMoE, select_experts
+from sglang.srt.layers.moe import Fp8FusedMoE, FusedMoE, expert_params_mapping, select_experts
+from sglang.srt.layers.quantization import MOE_ONLINE_FP8
 from sglang.srt.models.qwen3 import Qwen3DecoderLayer, Qwen3Model
 from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
 
@@ -19,12 +21,16 @@ from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
 class Qwen3MoeSparseMoeBlock(nn.Module):
     """`gate`: the router, replicated on every rank (checkpoint `mlp.gate.weight` [E, H]); `experts`: fused."""
 
-    def __init__(self, hidden_size: int, moe: MoEConfig, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, hidden_size: int, moe: MoEConfig, tp: TPInfo = SINGLE_RANK, dtype=None,
+                 fp8_block: tuple[int, int] | None = None):
         super().__init__()
         self.top_k = moe.num_experts_per_tok
         self.renormalize = moe.norm_topk_prob
         self.gate = ReplicatedLinear(hidden_size, moe.num_experts, bias=False, dtype=dtype)
-        self.experts = FusedMoE(moe.num_experts, hidden_size, moe.moe_intermediate_size, tp, dtype)
+        if fp8_block is None:
+            self.experts = FusedMoE(moe.num_experts, hidden_size, moe.moe_intermediate_size, tp, dtype)
+        else:
+            self.experts = Fp8FusedMoE(moe.num_experts, hidden_size, moe.moe_intermediate_size, tp, dtype, fp8_block)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
@@ -35,12 +41,12 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
     def make_mlp(self, config: TextConfig, layer_id: int, tp: TPInfo, dtype, quant, prefix: str) -> nn.Module:
         if config.moe is not None and config.moe.is_sparse_layer(layer_id):
-            if quant is not None:
+            if quant is not None and not quant.serialized:
                 from sglang.srt.layers.quantization.base import QuantizationError
 
-                raise QuantizationError("quantized MoE experts are not supported yet (issue 38): serve the bf16 "
-                                        "checkpoint of this Qwen3-VL-MoE model without --quantization")
-            return Qwen3MoeSparseMoeBlock(config.hidden_size, config.moe, tp, dtype)
+                raise QuantizationError(MOE_ONLINE_FP8)
+            fp8 = quant is not None and quant.method_for(f"{prefix}.experts") is not None
+            return Qwen3MoeSparseMoeBlock(config.hidden_size, config.moe, tp, dtype, quant.block if fp8 else None)
         return super().make_mlp(config, layer_id, tp, dtype, quant, prefix)
 
 
@@ -56,6 +62,9 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):
         if config.text.moe is None:
             raise ValueError("Qwen3VLMoeForConditionalGeneration: text_config has no num_experts")
         super().__init__(config, tp, dtype, vit, quant)
+        if quant is not None and quant.serialized:
+            # -FP8 releases store each expert's linears apart: mapped first, before the dense gate/up rule
+            self.stacked_params_mapping = expert_params_mapping(config.text.moe.num_experts) + self.stacked_params_mapping
 
 
 EntryClass = Qwen3VLMoeForConditionalGeneration

@@ -50,9 +50,12 @@ class FusedMoE(nn.Module):
         self.num_local_experts = num_experts // tp.ep_size
         self.first_expert = tp.moe_ep_rank * self.num_local_experts
         self.local_inter = divide(intermediate_size, tp.moe_tp_size)
-        e, n = self.num_local_experts, self.local_inter
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * n, hidden_size, dtype=dtype), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(e, hidden_size, n, dtype=dtype), requires_grad=False)
+        self.create_weights(dtype)
+
+    def create_weights(self, dtype) -> None:
+        e, n, h = self.num_local_experts, self.local_inter, self.hidden_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * n, h, dtype=dtype), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(e, h, n, dtype=dtype), requires_grad=False)
         self.gate_up_proj.weight_loader = self._load_gate_up
         self.down_proj.weight_loader = self._load_down
 

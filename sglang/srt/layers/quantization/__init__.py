@@ -44,7 +44,11 @@ def quantization_config(raw: dict[str, Any], flag: str | None = None) -> Fp8Conf
     return Fp8Config.online()
 
 
-def startup_problem(raw: dict[str, Any], flag: str | None, tp_size: int) -> str | None:
+MOE_ONLINE_FP8 = ("--quantization fp8 quantizes dense linears at load, not MoE experts: serve the -FP8 checkpoint "
+                  "of this Qwen3-VL-MoE model (block-FP8 experts), or the bf16 one without --quantization")
+
+
+def startup_problem(raw: dict[str, Any], flag: str | None, tp_size: int, ep_size: int = 1) -> str | None:
     """One line saying why this model cannot start quantized at this TP size, or None. Runs in the main
     process before any scheduler is spawned, from config.json alone."""
     try:
@@ -52,19 +56,23 @@ def startup_problem(raw: dict[str, Any], flag: str | None, tp_size: int) -> str 
     except QuantizationError as e:
         return str(e)
     text = raw.get("text_config", raw)
-    if config is not None and (text.get("num_experts") or text.get("num_local_experts")):
-        return ("quantized MoE experts are not supported yet (issue 38): serve the bf16 checkpoint of this "
-                "Qwen3-VL-MoE model without --quantization")
+    moe = bool(text.get("num_experts") or text.get("num_local_experts"))
+    if config is not None and moe and not config.serialized:
+        return MOE_ONLINE_FP8
     if config is None or not config.serialized or tp_size == 1:
         return None
     heads, head_dim = text.get("num_attention_heads", 0), text.get("head_dim") or 0
-    inputs = {"o_proj": heads * head_dim, "down_proj": text.get("intermediate_size", 0)}
+    # (name, input features, ranks they are split over): the experts' down_proj over the tp/ep ranks of a group
+    inputs = [("o_proj", heads * head_dim, tp_size), ("down_proj", text.get("intermediate_size", 0), tp_size)]
+    if moe and ep_size >= 1 and tp_size % ep_size == 0:
+        inputs.append(("the experts' down_proj", text.get("moe_intermediate_size", 0), tp_size // ep_size))
     bk = config.block[1]
-    for name, k in inputs.items():
-        if k and not column_groups_ok(k, tp_size, bk):
+    for name, k, ranks in inputs:
+        if k and not column_groups_ok(k, ranks, bk):
             ok = column_tp_sizes(k, bk)
-            return (f"FP8 block scales: --tp-size {tp_size} cuts {name}'s {k} input features into shards that start "
-                    f"inside a {bk}-column block off a 16-column grid; TP sizes that work: {', '.join(map(str, ok))}")
+            what, sizes = ("--tp-size", "TP sizes") if ranks == tp_size else ("--tp-size / --ep-size", "tp/ep sizes")
+            return (f"FP8 block scales: {what} {ranks} cuts {name}'s {k} input features into shards that start "
+                    f"inside a {bk}-column block off a 16-column grid; {sizes} that work: {', '.join(map(str, ok))}")
     return None
 
 
@@ -73,4 +81,4 @@ def linear_method(config: Fp8Config | None, prefix: str, parts: tuple[str, ...] 
     return None if config is None else config.method_for(prefix, parts)
 
 
-__all__ = ["linear_method", "startup_problem", "QUANTIZATION_CHOICES", "Fp8Config", "Fp8LinearMethod", "QuantizationError", "quantization_config"]
+__all__ = ["MOE_ONLINE_FP8", "linear_method", "startup_problem", "QUANTIZATION_CHOICES", "Fp8Config", "Fp8LinearMethod", "QuantizationError", "quantization_config"]
