@@ -1,6 +1,6 @@
-"""benchmark/kernels/fused_moe_triton/tune_fused_moe.py on CPU: it refuses to tune without a GPU, and its
+"""benchmark/kernels/fused_moe_triton/ on CPU: tune_fused_moe.py refuses to tune without a GPU, and its
 --smoke mode (a tiny shape, two candidates, under the Triton interpreter) writes an upstream-named file
-that the engine's config lookup then reads."""
+that the engine's config lookup then reads; bench_fused_moe.py runs its rows on the tiny preset."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmark" / "kernels" / "fused_moe_triton" / "tune_fused_moe.py"
+SCRIPTS = Path(__file__).resolve().parents[3] / "benchmark" / "kernels" / "fused_moe_triton"
 
 
-def _tuner():
-    spec = importlib.util.spec_from_file_location("tune_fused_moe", SCRIPT)
+def _tuner(name="tune_fused_moe"):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -53,3 +53,11 @@ def test_per_rank_shapes_follow_tp_and_ep():
     assert mod.shape_of(ap(8, 8)) == (16, 2048, 768, 8)
     with pytest.raises(SystemExit):
         mod.shape_of(ap(4, 3))
+
+
+def test_bench_rows_on_the_tiny_preset():
+    rows = _tuner("bench_fused_moe").main(["--preset", "qwen3-vl-moe-tiny", "--tokens", "1", "5", "--ep", "1", "2",
+                                           "--fp8", "--reps", "1", "--threads", "1", "--device", "cpu"])
+    assert [(r["path"], r["ep"], r["tokens"]) for r in rows][:4] == [
+        ("torch float32", 1, 1), ("fp8 w8a8", 1, 1), ("torch float32", 1, 5), ("fp8 w8a8", 1, 5)]
+    assert all(r["ms"] > 0 and r["experts"] <= 8 // r["ep"] for r in rows)
