@@ -1,7 +1,8 @@
 """--ep-size: Qwen3-VL-MoE's experts split over the TP ranks (gloo, CPU). TP=2 with EP=2 (each rank half
 the experts, whole) equals TP=1 on qwen3-vl-moe-tiny: prompt logits within 1e-4 relative, equal greedy
 tokens, for a text prompt and an image prompt (two spawned ranks, ~14 s here). The ids/weights bookkeeping of a rank's experts and the
-start-up refusals are checked without spawning."""
+start-up refusals are checked without spawning. Through the scheduler (ServerArgs --ep-size 2, chunked
+prefill cutting the images): the same greedy tokens as TP=1."""
 
 from __future__ import annotations
 
@@ -93,3 +94,24 @@ def test_ep_and_moe_tp_shards_sum_to_the_full_product():
         torch.testing.assert_close(sum(parts), full, msg=f"tp {size} ep {ep}")
     with pytest.raises(ValueError, match="8 experts cannot be split over --ep-size 3"):
         FusedMoE(e, h, i, TPInfo(0, 3, ep_size=3))
+
+
+@pytest.mark.slow  # 38 s here under load (a TP1 scheduler, then two spawned ranks through chunked prefill)
+def test_scheduler_tp2_ep2_chunked_equals_tp1(tiny_model_dir):
+    sys.path.insert(0, str(Path(__file__).parent.parent / "managers"))
+    from scheduler_utils import InProcessScheduler
+    from test_tensor_parallel import _requests, _run_tp
+
+    path = str(tiny_model_dir("qwen3-vl-moe-tiny"))
+    requests = _requests(16)
+    single = InProcessScheduler(path, max_total_tokens=4096, chunked_prefill_size=7)
+    for r in requests:
+        single.sched.process_input_requests([r])
+        single.outputs[r.rid] = []
+    single.run_until_idle()
+    kw = dict(model_path=path, dtype="float32", device="cpu", max_total_tokens=4096, chunked_prefill_size=7,
+              tp_size=2, ep_size=2)
+    results = _run_tp(kw, requests)
+    assert results[0][0] == {r.rid: single.outputs[r.rid] for r in requests}
+    full = single.sched.worker.model_runner.model.model.layers[0].mlp.experts
+    assert all(info["gate_up_rows"] == full.gate_up_proj.shape[1] for _, info in results.values()), "experts whole"

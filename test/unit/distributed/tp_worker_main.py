@@ -37,7 +37,7 @@ def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, res
     from sglang.srt.server_args import ServerArgs
 
     torch.set_num_threads(1)
-    tp = init_tp_group(size, rank, f"127.0.0.1:{port}", "gloo", 60)
+    tp = init_tp_group(size, rank, f"127.0.0.1:{port}", "gloo", 60, args_kw.get("ep_size", 1))
     sched = Scheduler(ServerArgs(**args_kw), None, tp)
     sent = []
     sched.send = sent.append
