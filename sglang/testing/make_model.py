@@ -355,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-layers", type=int, default=None, metavar="N",
                     help="only N text decoder layers (widths and vision tower as the preset): a short replica")
     ap.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
-                    help="fp8: text decoder linears (MoE experts one linear per expert) in the layout of Qwen's -FP8 releases "
-                         "(e4m3, 128x128 block scales)")
+                    help="fp8: text linears and MoE experts as Qwen's -FP8 releases store them (e4m3, 128x128 scales)")
     ap.add_argument("--force", action="store_true", help="regenerate even when --out already holds this model")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--list", action="store_true", help="list presets with parameter counts and exit")
