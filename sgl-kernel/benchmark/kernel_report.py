@@ -235,9 +235,45 @@ def moe_cases(presets, dtype, tps=MOE_TPS, tokens=MOE_TOKENS) -> list[Case]:
     return out
 
 
+def moe_fp8_cases(presets, dtype, tps=MOE_TPS, tokens=MOE_TOKENS) -> list[Case]:
+    """Both grouped expert GEMMs with block-FP8 experts (e4m3 operands, bf16 out, 128x128 checkpoint
+    blocks): gate_up keeps a scale per gcd(128, n) rows, down's activations and weights a group of
+    gcd(128, n) columns (TP rank 1's grid, the narrower one); per rank n = inter / tp."""
+    from math import gcd
+
+    from sgl_kernel.moe._moe_triton import moe_block_config, plan_fused_moe
+
+    if dtype != torch.bfloat16:
+        return []
+    out = []
+    f8, f32, i32 = torch.float8_e4m3fn, torch.float32, torch.int32
+    for p in presets:
+        if p not in MOE:
+            continue
+        e, k, hidden, inter = MOE[p]
+        for tp in tps:
+            n = inter // tp
+            b13, b2 = (gcd(128, n), 128), (128, 128 if tp == 1 else gcd(128, n))
+            for t in tokens:
+                cfg = moe_block_config(t, k, e)
+                bm = cfg["BLOCK_M"]
+                cap = -(-(t * k + e * (bm - 1)) // bm) * bm
+                ids, experts, post = meta(cap, dtype=i32), meta(cap // bm, dtype=i32), meta(1, dtype=i32)
+                up = plan_fused_moe(meta(t, hidden, dtype=f8), meta(e, 2 * n, hidden, dtype=f8), meta(t * k, n), None,
+                                    ids, experts, post, t * k, k, True, cfg, meta(t, -(-hidden // 128), dtype=f32),
+                                    meta(e, 2 * n // b13[0], -(-hidden // 128), dtype=f32), b13)
+                down = plan_fused_moe(meta(t * k, n, dtype=f8), meta(e, hidden, n, dtype=f8), meta(t * k, hidden),
+                                      meta(t * k, dtype=f32), ids, experts, post, t * k, 1, False, cfg,
+                                      meta(t * k, -(-n // b2[1]), dtype=f32),
+                                      meta(e, -(-hidden // 128), -(-n // b2[1]), dtype=f32), b2)
+                out.append(Case(f"moe-fp8 {p} gate_up tp{tp} T{t} N{n} K{hidden}", None, f8, [up]))
+                out.append(Case(f"moe-fp8 {p} down tp{tp} T{t} N{hidden} K{n} group{b2[1]}", None, f8, [down]))
+    return out
+
+
 CASE_BUILDERS = {"extend": text_cases, "decode": text_cases, "varlen": vision_cases, "pos_embed": pos_embed_cases,
                  "sample": sampling_cases, "bitmask": bitmask_cases, "fp8_gemm": fp8_gemm_cases, "moe_topk": moe_cases,
-                 "moe_gemm": moe_cases}
+                 "moe_gemm": moe_cases, "moe_fp8": moe_fp8_cases}
 
 
 def build_cases(kernels: list[str], presets: list[str], dtypes: list[torch.dtype]) -> list[Case]:

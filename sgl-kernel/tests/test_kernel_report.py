@@ -186,6 +186,22 @@ def test_moe_grouped_gemm_on_sm90_uses_tensor_cores_without_spills_and_with_wide
             assert r.mma == "wgmma", where
 
 
+@pytest.mark.slow  # ~40 s: 32 compiles for sm_90a
+def test_moe_fp8_grouped_gemm_on_sm90_compiles_without_spills(report_rows):
+    """Block-FP8 experts through the grouped kernel (USE_FP8), both presets at TP 1/2/4/8: 64-row tiles take
+    the e4m3 warpgroup MMA; 16-row (decode) tiles mma.sync on f16 operands (e4m3 widened exactly)."""
+    mod = _load_report()
+    import torch
+
+    rows = mod.report(mod.build_cases(["moe_fp8"], list(mod.MOE), [torch.bfloat16]), "sm_90a", progress=False)
+    assert len(rows) == 2 * 4 * 2 * 2
+    for r in rows:
+        where = f"{r.kernel} {r.case}"
+        assert r.spill_bytes == 0 and r.max_load_bits == 128, f"{where}: {r.spill_bytes} spilled, {r.loads}"
+        want = ("wgmma", "e4m3.e4m3") if "T4096" in r.case else ("mma.sync", "f16.f16")
+        assert (r.mma, r.mma_operands) == want, f"{where}: {r.mma} {r.mma_operands}"
+
+
 @compiles
 def test_cli_writes_json_rows(tmp_path):
     pytest.importorskip("triton", reason="the report compiles with triton")

@@ -139,6 +139,40 @@ def test_interpreted_fused_experts_skip_other_ranks_experts(t, e, k, keep):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def _fp8_experts(e, h, n, block13, block2, seed):
+    """Per-expert block-FP8 weights at the layer's scale granularity (rows of gate_up per block13[0])."""
+    from sgl_kernel.quantization import quantize_weight_block_fp8
+
+    g = torch.Generator().manual_seed(seed)
+    q13, s13, q2, s2 = [], [], [], []
+    for _ in range(e):
+        q, s = quantize_weight_block_fp8(torch.randn(2 * n, h, generator=g) * 0.2, block13)
+        q13.append(q), s13.append(s)
+        q, s = quantize_weight_block_fp8(torch.randn(h, n, generator=g) * 0.2, block2)
+        q2.append(q), s2.append(s)
+    return [torch.stack(t) for t in (q13, s13, q2, s2)]
+
+
+@pytest.mark.parametrize("t,e,k,h,n,block13,block2,keep", [
+    (7, 8, 2, 64, 48, (16, 128), (128, 128), 8),  # qwen3-vl-moe-tiny's widths
+    (5, 6, 3, 160, 64, (64, 128), (128, 32), 6),  # H past one 128 block; down on a 32-column grid (a TP shard)
+    (9, 8, 2, 64, 48, (16, 128), (128, 16), 4),  # expert parallelism: ids of experts 4..7 are -1
+])
+def test_interpreted_fp8_fused_experts_equal_the_torch_path(t, e, k, h, n, block13, block2, keep):
+    pytest.importorskip("triton")
+    from sgl_kernel.moe import fused_experts_fp8
+    from sgl_kernel.testing import interpreted
+
+    x, _, _, _, weights, ids = _case(t, e, k, h, n, t)
+    w13, s13, w2, s2 = _fp8_experts(e, h, n, block13, block2, t)
+    ids, weights, mine = _remote(ids, weights, e, keep)
+    args = (x, w13[mine], s13[mine], w2[mine], s2[mine], weights, ids, block13, block2)
+    ref = fused_experts_fp8(*args, backend="torch")
+    with interpreted(KERNEL_MODULE):
+        out = fused_experts_fp8(*args, backend="triton", has_remote=keep < e)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
 def test_interpreted_one_token_and_no_token():
     pytest.importorskip("triton")
     from sgl_kernel.testing import interpreted
@@ -177,4 +211,31 @@ def test_cuda_kernels_equal_the_reference(t, e, k, h, n):
     torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-6)
     out = fused_experts(x, w13, w2, w, ids)
     ref = fused_experts_torch(x.float(), w13.float(), w2.float(), w, ids)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("t", [1, 64, 600])
+@pytest.mark.parametrize("e,k,h,n,block2,keep", [(128, 8, 2048, 768, (128, 128), 128), (128, 8, 2048, 96, (128, 32), 64),
+                                                 (8, 2, 64, 48, (128, 16), 4)])
+def test_cuda_fp8_and_ep_kernels_equal_the_torch_path(t, e, k, h, n, block2, keep):
+    """Block-FP8 experts (bf16 activations) through the fused kernel against the torch w8a8 path, with
+    expert-parallel ids -1 when keep < e; the bf16 kernel with the same ids against its reference."""
+    from math import gcd
+
+    pytest.importorskip("triton")
+    from sgl_kernel.moe import fused_experts_fp8
+
+    block13 = (gcd(128, n), 128)
+    x, w13f, w2f, _, weights, ids = _case(t, e, k, h, n, t)
+    ids, weights, mine = _remote(ids, weights, e, keep)
+    w13, s13, w2, s2 = (v[mine].cuda() for v in _fp8_experts(e, h, n, block13, block2, t))
+    x, weights, ids = x.cuda().to(torch.bfloat16), weights.cuda(), ids.cuda()
+    out = fused_experts_fp8(x, w13, s13, w2, s2, weights, ids, block13, block2, has_remote=keep < e)
+    ref = fused_experts_fp8(x.float(), w13, s13, w2, s2, weights, ids, block13, block2, backend="torch")
+    torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2 * ref.abs().max().item())
+    wb13, wb2 = w13f[mine].cuda().to(torch.bfloat16), w2f[mine].cuda().to(torch.bfloat16)
+    out = fused_experts(x, wb13, wb2, weights, ids, has_remote=keep < e)
+    ref = fused_experts_torch(x.float(), wb13.float(), wb2.float(), weights, ids)
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())

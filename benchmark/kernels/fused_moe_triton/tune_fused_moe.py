@@ -11,8 +11,9 @@ torch reference, timed, and the fastest kept.
 --out-dir defaults to sgl_kernel/moe/configs/triton_<version>/, where the engine looks (or point
 SGLANG_MOE_CONFIG_DIR at DIR). Without a CUDA device the script refuses, except --smoke: a tiny shape and
 two candidates under the Triton interpreter, which checks the search, the reference check and the file
-it writes (device_name=cpu; no speed meaning). bf16/fp16 only: the block-FP8 experts run the torch path
-(docs/moe.md), so there is no fp8_w8a8 kernel to tune yet."""
+it writes (device_name=cpu; no speed meaning). --dtype fp8_w8a8 tunes the block-FP8 experts (e4m3 weights,
+128x128 blocks, bf16 activations quantized per token group) and writes `...,dtype=fp8_w8a8,block_shape=[128, 128].json`;
+candidates then are checked against the torch w8a8 reference."""
 
 from __future__ import annotations
 
@@ -47,6 +48,19 @@ def fits(cfg: dict, n: int, hidden: int, m: int, elem: int = 2, smem: int = 227 
     return per_stage * cfg["num_stages"] <= smem
 
 
+def _fp8(w13, w2):
+    """Per-expert block-FP8 weights at TP 1 granularity (gcd(128, n) rows for gate_up, 128 columns for down)."""
+    from math import gcd
+
+    from sgl_kernel.quantization import quantize_weight_block_fp8
+
+    n = w2.shape[2]
+    b13, b2 = (gcd(128, n), 128), (128, 128)
+    q13, s13 = zip(*(quantize_weight_block_fp8(w.float().cpu(), b13) for w in w13))
+    q2, s2 = zip(*(quantize_weight_block_fp8(w.float().cpu(), b2) for w in w2))
+    return [torch.stack(t).to(w13.device) for t in (q13, s13, q2, s2)], b13, b2
+
+
 def _problem(m, e, hidden, n, k, dtype, device, seed=0):
     from sgl_kernel.moe import topk_softmax_torch
 
@@ -72,22 +86,29 @@ def _time(fn, cuda: bool, reps: int) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def tune_one(m, e, hidden, n, k, dtype, device, space, reps=25) -> tuple[dict, float, int]:
+def tune_one(m, e, hidden, n, k, dtype, device, space, reps=25, fp8=False) -> tuple[dict, float, int]:
     """(fastest config, its ms, candidates that ran) for M tokens; each candidate's output must equal the
     torch reference (a tile config that computes wrong is never written)."""
+    from sgl_kernel.moe.fp8 import fused_experts_fp8_torch, fused_experts_fp8_triton
     from sgl_kernel.moe.fused_moe import fused_experts_torch, fused_experts_triton
 
     x, w13, w2, weights, ids = _problem(m, e, hidden, n, k, dtype, device)
-    ref = fused_experts_torch(x.float(), w13.float(), w2.float(), weights, ids)
+    if fp8:
+        (q13, s13, q2, s2), b13, b2 = _fp8(w13, w2)
+        ref = fused_experts_fp8_torch(x.float(), q13, s13, q2, s2, weights, ids, b13, b2).float()
+        run = lambda cfg: fused_experts_fp8_triton(x, q13, s13, q2, s2, weights, ids, b13, b2, config=cfg,  # noqa: E731
+                                                   has_remote=False)
+    else:
+        ref = fused_experts_torch(x.float(), w13.float(), w2.float(), weights, ids)
+        run = lambda cfg: fused_experts_triton(x, w13, w2, weights, ids, config=cfg, has_remote=False)  # noqa: E731
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     best, best_ms, ran = None, float("inf"), 0
     for cfg in space:
         if not fits(cfg, n, hidden, m):
             continue
         try:
-            out = fused_experts_triton(x, w13, w2, weights, ids, config=cfg, has_remote=False)
-            ms = _time(lambda: fused_experts_triton(x, w13, w2, weights, ids, config=cfg, has_remote=False),
-                       x.is_cuda, reps)
+            out = run(cfg)
+            ms = _time(lambda: run(cfg), x.is_cuda, reps)
         except Exception as exc:  # out of registers / shared memory: this candidate cannot run here
             print(f"  M={m} skip {cfg}: {type(exc).__name__}", file=sys.stderr)
             continue
@@ -128,7 +149,8 @@ def main(argv=None) -> Path:
     ap.add_argument("--top-k", type=int)
     ap.add_argument("--tp-size", type=int, default=1)
     ap.add_argument("--ep-size", type=int, default=1)
-    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16", "fp8_w8a8"), default="bfloat16",
+                    help="fp8_w8a8: block-FP8 experts (bf16 activations)")
     ap.add_argument("--batch-size", type=int, nargs="*", help=f"token counts M to tune (default {BATCH_SIZES})")
     ap.add_argument("--out-dir", help="default: sgl_kernel/moe/configs/triton_<version>/")
     ap.add_argument("--smoke", action="store_true", help="CPU check of the script under the Triton interpreter")
@@ -143,23 +165,25 @@ def main(argv=None) -> Path:
 
         with interpreted("sgl_kernel.moe._moe_triton"):
             return _run(args, torch.float32, "cpu", SMOKE["batch_sizes"])
-    return _run(args, getattr(torch, args.dtype), "cuda", tuple(args.batch_size or BATCH_SIZES))
+    dtype = torch.bfloat16 if args.dtype == "fp8_w8a8" else getattr(torch, args.dtype)
+    return _run(args, dtype, "cuda", tuple(args.batch_size or BATCH_SIZES))
 
 
 def _run(args, dtype, device, batch_sizes) -> Path:
     from sgl_kernel.moe.configs import config_dirs, config_file_name, device_name, dtype_str, to_json
 
     e, hidden, n, k = shape_of(args)
+    fp8 = args.dtype == "fp8_w8a8"
     space = search_space(args.smoke)
     table = {}
     for m in batch_sizes:
-        cfg, ms, ran = tune_one(m, e, hidden, n, k, dtype, device, space, reps=25)
+        cfg, ms, ran = tune_one(m, e, hidden, n, k, dtype, device, space, reps=25, fp8=fp8)
         table[str(m)] = to_json(cfg)
         print(f"E={e} N={n} H={hidden} k={k} M={m}: {ms:.3f} ms best of {ran}: {table[str(m)]}", flush=True)
     out_dir = Path(args.out_dir) if args.out_dir else config_dirs()[-1]
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = "cpu" if args.smoke else device_name()
-    path = out_dir / config_file_name(e, n, dtype_str(dtype), dev)
+    path = out_dir / config_file_name(e, n, dtype_str(dtype, fp8_w8a8=fp8), dev, [128, 128] if fp8 else None)
     path.write_text(json.dumps(table, indent=4) + "\n")
     print(f"wrote {path}")
     return path

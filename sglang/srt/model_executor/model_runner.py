@@ -103,10 +103,6 @@ class ModelRunner:
         if not getattr(self.attn_backend, "supports_cuda_graph", False):
             logger.info("decode CUDA graphs need --attention-backend triton; running decode eagerly")
             return None
-        blocker = getattr(self.model, "cuda_graph_blocker", None)  # a model whose forward syncs with the host
-        if blocker:
-            logger.info("decode CUDA graphs off: %s; running decode eagerly", blocker)
-            return None
         from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 
         max_bs = cfg.cuda_graph_max_bs or min(160, self.req_to_token_pool.size - 1)

@@ -65,10 +65,6 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):
         if quant is not None and quant.serialized:
             # -FP8 releases store each expert's linears apart: mapped first, before the dense gate/up rule
             self.stacked_params_mapping = expert_params_mapping(config.text.moe.num_experts) + self.stacked_params_mapping
-        if any(isinstance(m, Fp8FusedMoE) for m in self.modules()):
-            # read by the model runner: capture would fail on the host read, so decode stays eager
-            self.cuda_graph_blocker = ("block-FP8 MoE experts run one GEMM pair per expert and read the per-expert "
-                                       "token counts back to the host")
 
 
 EntryClass = Qwen3VLMoeForConditionalGeneration

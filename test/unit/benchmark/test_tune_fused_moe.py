@@ -61,3 +61,9 @@ def test_bench_rows_on_the_tiny_preset():
     assert [(r["path"], r["ep"], r["tokens"]) for r in rows][:4] == [
         ("torch float32", 1, 1), ("fp8 w8a8", 1, 1), ("torch float32", 1, 5), ("fp8 w8a8", 1, 5)]
     assert all(r["ms"] > 0 and r["experts"] <= 8 // r["ep"] for r in rows)
+
+
+def test_smoke_fp8_names_the_file_as_upstream(tmp_path):
+    path = _tuner().main(["--smoke", "--dtype", "fp8_w8a8", "--out-dir", str(tmp_path)])
+    assert path.name == "E=4,N=16,device_name=cpu,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    assert set(json.loads(path.read_text())) == {"1", "8"}

@@ -69,13 +69,20 @@ def topk_softmax_triton(logits: torch.Tensor, top_k: int, renormalize: bool) -> 
 
 @triton.jit
 def _fused_moe_kernel(a_ptr, b_ptr, c_ptr, w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, N, K, num_valid,
-                      num_blocks_m, stride_am, stride_be, stride_bn, stride_cm, A_ROW_DIV: tl.constexpr,
+                      num_blocks_m, stride_am, stride_be, stride_bn, stride_cm, a_scale_ptr, b_scale_ptr,
+                      stride_asm, stride_bse, stride_bsn, A_ROW_DIV: tl.constexpr,
                       GATE_UP: tl.constexpr, MUL_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIZZLE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr):
+                      DOT_PRECISION: tl.constexpr, USE_FP8: tl.constexpr, GROUP_N: tl.constexpr,
+                      GROUP_K: tl.constexpr):
     """C[s] = A[s // A_ROW_DIV] . B[e]^T over the rows s of one expert's block (`sorted_ids`, padded with
     num_valid). GATE_UP: B[e] holds 2N rows (gate, then up) and C[s] = silu(gate) * up (N columns).
-    MUL_WEIGHT: each row scaled by its routing weight w[s]."""
+    MUL_WEIGHT: each row scaled by its routing weight w[s].
+
+    USE_FP8 (block-FP8 experts): A and B are e4m3; A has one float32 scale per row and GROUP_K columns
+    (a_scale [rows, K / GROUP_K]), B one per GROUP_N rows and GROUP_K columns (b_scale [E, 2N or N /
+    GROUP_N, K / GROUP_K], unit stride along K). GROUP_K is a multiple of BLOCK_K, so one K tile has one
+    scale pair and each tile's dot is scaled once, in float32, before it is added."""
     pid = tl.program_id(0)
     grid_n = (N + BLOCK_N - 1) // BLOCK_N
     per_group = SWIZZLE * grid_n
@@ -97,14 +104,28 @@ def _fused_moe_kernel(a_ptr, b_ptr, c_ptr, w_ptr, sorted_ids_ptr, expert_ids_ptr
     b_ptrs = b_ptr + expert * stride_be + offs_n.to(tl.int64)[None, :] * stride_bn + offs_k[:, None]
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     acc_up = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    if USE_FP8:
+        as_ptrs = a_scale_ptr + (rows // A_ROW_DIV).to(tl.int64) * stride_asm
+        bs_ptrs = b_scale_ptr + expert * stride_bse + (offs_n // GROUP_N).to(tl.int64) * stride_bsn
+        bs_up_ptrs = b_scale_ptr + expert * stride_bse + ((offs_n + N) // GROUP_N).to(tl.int64) * stride_bsn
     for kb in range(0, (K + BLOCK_K - 1) // BLOCK_K):
         k_ok = offs_k < K - kb * BLOCK_K
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc += tl.dot(a, b, input_precision=DOT_PRECISION)
+        if USE_FP8:
+            kg = (kb * BLOCK_K) // GROUP_K
+            a_s = tl.load(as_ptrs + kg, mask=row_ok, other=0.0)
+            b_s = tl.load(bs_ptrs + kg, mask=n_ok, other=0.0)
+            acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+        else:
+            acc += tl.dot(a, b, input_precision=DOT_PRECISION)
         if GATE_UP:
             b_up = tl.load(b_ptrs + N * stride_bn, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            acc_up += tl.dot(a, b_up, input_precision=DOT_PRECISION)
+            if USE_FP8:
+                b_s_up = tl.load(bs_up_ptrs + kg, mask=n_ok, other=0.0)
+                acc_up += tl.dot(a, b_up) * a_s[:, None] * b_s_up[None, :]
+            else:
+                acc_up += tl.dot(a, b_up, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if GATE_UP:
@@ -132,21 +153,34 @@ def moe_block_config(num_tokens: int, top_k: int, num_experts: int, on_cuda: boo
 
 def plan_fused_moe(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, weights: torch.Tensor | None,
                    sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_post: torch.Tensor, num_valid: int,
-                   a_row_div: int, gate_up: bool, config: dict) -> LaunchPlan:
-    """One grouped GEMM launch (shapes, strides and dtypes only). b: [E, 2N, K] (gate_up) or [E, N, K]."""
+                   a_row_div: int, gate_up: bool, config: dict, a_scale: torch.Tensor | None = None,
+                   b_scale: torch.Tensor | None = None, block: tuple[int, int] | None = None) -> LaunchPlan:
+    """One grouped GEMM launch (shapes, strides and dtypes only). b: [E, 2N, K] (gate_up) or [E, N, K].
+    Block-FP8: a and b e4m3 with a_scale [rows, K / block[1]], b_scale [E, rows / block[0], K / block[1]];
+    BLOCK_K is cut to a divisor of block[1] (one scale pair per K tile)."""
     n = b.shape[1] // 2 if gate_up else b.shape[1]
     k = b.shape[2]
     bm = config["BLOCK_M"]
     blocks_m = sorted_ids.shape[0] // bm
     grid = (blocks_m * triton.cdiv(n, config["BLOCK_N"]),)
     fp32 = a.dtype == torch.float32
+    fp8 = a_scale is not None
+    gn, gk = block if fp8 else (1, 1)
+    bk = config["BLOCK_K"]
+    if fp8:
+        from math import gcd
+
+        bk = gcd(bk, gk)
+    scales = (a_scale, b_scale) if fp8 else (sorted_ids, sorted_ids)  # unread placeholders without FP8
     return LaunchPlan(
         _fused_moe_kernel, grid,
         dict(a_ptr=a, b_ptr=b, c_ptr=c, w_ptr=weights if weights is not None else sorted_ids, sorted_ids_ptr=sorted_ids,
              expert_ids_ptr=expert_ids, num_post_ptr=num_post, N=n, K=k, num_valid=num_valid, num_blocks_m=blocks_m,
-             stride_am=a.stride(0), stride_be=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0)),
+             stride_am=a.stride(0), stride_be=b.stride(0), stride_bn=b.stride(1), stride_cm=c.stride(0),
+             a_scale_ptr=scales[0], b_scale_ptr=scales[1], stride_asm=a_scale.stride(0) if fp8 else 0,
+             stride_bse=b_scale.stride(0) if fp8 else 0, stride_bsn=b_scale.stride(1) if fp8 else 0),
         dict(A_ROW_DIV=a_row_div, GATE_UP=gate_up, MUL_WEIGHT=weights is not None, BLOCK_M=bm,
-             BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"], SWIZZLE=config.get("GROUP_M", 8),
-             DOT_PRECISION="ieee" if fp32 else "tf32"),
+             BLOCK_N=config["BLOCK_N"], BLOCK_K=bk, SWIZZLE=config.get("GROUP_M", 8),
+             DOT_PRECISION="ieee" if fp32 else "tf32", USE_FP8=fp8, GROUP_N=gn, GROUP_K=gk),
         dict(num_warps=config["num_warps"], num_stages=config["num_stages"]),
     )

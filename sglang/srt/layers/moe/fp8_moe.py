@@ -109,5 +109,6 @@ class Fp8FusedMoE(FusedMoE):
         from sgl_kernel.moe import fused_experts_fp8
 
         y = fused_experts_fp8(x, self.gate_up_proj, self.gate_up_proj_scale_inv, self.down_proj,
-                              self.down_proj_scale_inv, topk_weights, self.local_ids(topk_ids), self.block13, self.block2)
+                              self.down_proj_scale_inv, topk_weights, self.local_ids(topk_ids), self.block13, self.block2,
+                              has_remote=self.tp.ep_size > 1)
         return tensor_model_parallel_all_reduce(y, self.tp)
