@@ -16,6 +16,9 @@ import torch.nn.functional as F
 
 from sgl_kernel import pick_backend
 
+# compiled, tl.dot on e4m3 tiles needs K >= 32: a 16-column scale group (a TP shard's grid) cannot be one K tile
+FUSED_MIN_GROUP = 32
+
 
 def fused_experts_fp8(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
                       topk_weights: torch.Tensor, topk_ids: torch.Tensor, block13: tuple[int, int],
@@ -24,7 +27,10 @@ def fused_experts_fp8(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2:
     """sum_k w_k * down_e(silu(gate_e(x)) * up_e(x)) in x's dtype, each product a block-FP8 GEMM.
     `linear(x, w_q, w_s, block, out_dtype)` replaces the quantized GEMM of the torch path (a test passes
     the weights alone); has_remote: ids may be -1 (expert parallelism)."""
-    if linear is None and pick_backend(backend, x) == "triton":
+    use = pick_backend(backend, x)
+    if backend == "auto" and min(block13[1], block2[1]) < FUSED_MIN_GROUP:
+        use = "torch"  # per expert: the block-FP8 GEMM (Triton on CUDA) takes 16-column groups
+    if linear is None and use == "triton":
         return fused_experts_fp8_triton(x, w13, s13, w2, s2, topk_weights, topk_ids, block13, block2,
                                         has_remote=has_remote)
     return fused_experts_fp8_torch(x, w13, s13, w2, s2, topk_weights, topk_ids, block13, block2, linear)
