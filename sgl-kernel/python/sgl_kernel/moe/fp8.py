@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from sgl_kernel import pick_backend
+from sgl_kernel.moe.fused_moe import expert_groups
 
 # compiled, tl.dot on e4m3 tiles needs K >= 32: a 16-column scale group (a TP shard's grid) cannot be one K tile
 FUSED_MIN_GROUP = 32
@@ -38,26 +39,11 @@ def fused_experts_fp8(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2:
 
 def fused_experts_fp8_torch(x, w13, s13, w2, s2, topk_weights, topk_ids, block13, block2, linear=None) -> torch.Tensor:
     linear = linear or w8a8_linear
-    t, k = topk_ids.shape
     out = torch.zeros_like(x)
-    if t == 0:
-        return out
-    e = w13.shape[0]
-    flat = topk_ids.reshape(-1).long()
-    flat = torch.where(flat < 0, e, flat)  # other ranks' experts sort last and are never computed
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=e + 1)[:e].tolist()
-    token_of = order // k
-    weight_of = topk_weights.reshape(-1)[order].to(x.dtype)
-    start = 0
-    for expert, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = token_of[start : start + n]
+    for expert, rows, weights in expert_groups(topk_ids, topk_weights, w13.shape[0], x.dtype):
         gate, up = linear(x[rows], w13[expert], s13[expert], block13, x.dtype).chunk(2, dim=-1)
-        y = linear(F.silu(gate) * up, w2[expert], s2[expert], block2, x.dtype) * weight_of[start : start + n, None]
+        y = linear(F.silu(gate) * up, w2[expert], s2[expert], block2, x.dtype) * weights
         out.index_add_(0, rows, y)
-        start += n
     return out
 
 

@@ -90,27 +90,31 @@ def fused_experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, to
     """sum_k w_k * down_e(silu(gate_e(x)) * up_e(x)) over each token's k experts e, in x's dtype.
     Tokens are grouped by expert and only experts that received tokens are computed (ids -1 sort last,
     past every expert, and are never computed)."""
-    t, k = topk_ids.shape
     out = torch.zeros_like(x)
-    if t == 0:
-        return out
-    e = w13.shape[0]
+    for expert, rows, weights in expert_groups(topk_ids, topk_weights, w13.shape[0], x.dtype):
+        gate, up = F.linear(x[rows], w13[expert]).chunk(2, dim=-1)
+        out.index_add_(0, rows, F.linear(F.silu(gate) * up, w2[expert]) * weights)
+    return out
+
+
+def expert_groups(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, dtype: torch.dtype):
+    """(expert, token rows, their routing weights as a column in `dtype`) for every expert that received
+    tokens, in expert order: the torch paths compute only those. Ids < 0 (other ranks' experts under
+    expert parallelism) sort past every expert and are never yielded."""
+    if topk_ids.numel() == 0:
+        return
+    k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1).long()
-    flat = torch.where(flat < 0, e, flat)
+    flat = torch.where(flat < 0, num_experts, flat)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=e + 1)[:e].tolist()
+    counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts].tolist()
     token_of = order // k
-    weight_of = topk_weights.reshape(-1)[order].to(x.dtype)
+    weight_of = topk_weights.reshape(-1)[order].to(dtype)
     start = 0
     for expert, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = token_of[start : start + n]
-        gate, up = F.linear(x[rows], w13[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[expert]) * weight_of[start : start + n, None]
-        out.index_add_(0, rows, y)
+        if n:
+            yield expert, token_of[start : start + n], weight_of[start : start + n, None]
         start += n
-    return out
 
 
 def _check(x, w13, w2, topk_weights, topk_ids) -> None:
