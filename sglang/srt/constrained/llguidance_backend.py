@@ -12,11 +12,10 @@ lazily, so there is nothing heavier to cache."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 from dataclasses import dataclass
 
-from sglang.srt.constrained.xgrammar_backend import GrammarCompileError, JsonOptions
+from sglang.srt.constrained.xgrammar_backend import GrammarCompileError, JsonOptions, load_hf_tokenizer
 
 
 @dataclass(frozen=True)
@@ -87,13 +86,7 @@ class LLGuidanceBackend:
             if self._ll_tokenizer is None:
                 import llguidance.hf
 
-                tok = self._tokenizer
-                if callable(tok) and not hasattr(tok, "get_vocab"):
-                    tok = tok()
-                if isinstance(tok, (str, os.PathLike)):
-                    from transformers import AutoTokenizer
-
-                    tok = AutoTokenizer.from_pretrained(str(tok))
+                tok = load_hf_tokenizer(self._tokenizer)
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(tok, n_vocab=self.vocab_size,
                                                                   eos_token=self.stop_token_ids)
             return self._ll_tokenizer

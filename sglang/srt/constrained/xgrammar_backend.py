@@ -20,6 +20,18 @@ class GrammarCompileError(ValueError):
     """The grammar is invalid (or uses what xgrammar does not support); the message names the problem."""
 
 
+def load_hf_tokenizer(tok):
+    """A backend's `tokenizer` argument as the HF tokenizer: itself, what a callable returns (the
+    process's own, loaded once), or loaded from a path (in the calling thread)."""
+    if callable(tok) and not hasattr(tok, "get_vocab"):
+        tok = tok()
+    if isinstance(tok, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tok))
+    return tok
+
+
 @dataclass(frozen=True)
 class JsonOptions:
     """--constrained-json-disable-any-whitespace, --constrained-json-max-whitespace-cnt."""
@@ -60,13 +72,7 @@ class XGrammarBackend:
                 return
             import xgrammar as xg
 
-            tok = self._tokenizer
-            if callable(tok) and not hasattr(tok, "get_vocab"):
-                tok = tok()
-            if isinstance(tok, (str, os.PathLike)):
-                from transformers import AutoTokenizer
-
-                tok = AutoTokenizer.from_pretrained(str(tok))
+            tok = load_hf_tokenizer(self._tokenizer)
             self._info = xg.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size,
                                                            stop_token_ids=self.stop_token_ids)
             # our own LRU (grammar_cache) bounds what is kept: xgrammar's cache stays off
