@@ -128,6 +128,10 @@ class ServerArgs:
         "token ids in, token ids out: /generate takes input_ids only and answers output_ids with no text (nothing "
         "is tokenized or detokenized per request); text prompts, chat, stop strings, grammars and token texts "
         "are refused with a 400 naming this flag"))
+    enable_custom_logit_processor: bool = field(default=False, metadata=_arg(
+        "accept requests' custom_logit_processor (upstream's field: a Python class pickled by the client with "
+        "dill, run on that request's logits before sampling). This runs code sent by the client inside the "
+        "server: enable it only where every client is trusted (docs/reliability.md). Off: such a request is a 400"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
         "seconds any TP collective may wait for a peer rank before failing (a dead rank ends the server)"))
     api_key: str | None = field(default=None, metadata=_arg(

@@ -86,6 +86,7 @@ UPSTREAM = {
     "--stream-interval": _flag(1),
     "--stream-output": _flag(False),
     "--skip-tokenizer-init": _flag(False),
+    "--enable-custom-logit-processor": _flag(False),
     "--enable-metrics": _flag(False),
     "--log-level": _flag("info", choices=("debug", "info", "warning", "error", "critical")),
     "--allowed-media-domains": _flag(UNKNOWN),

@@ -18,7 +18,7 @@ _TOP_LEVEL_LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_
 # the /generate body's keys read by native_requests; upstream's others are in GENERATE_REFUSED
 NATIVE_FIELDS = ("text", "input_ids", "image_data", "video_data", "sampling_params", "stream", "rid", "priority",
                  "mm_processor_kwargs", "images_config", "require_reasoning", "routed_dp_rank", "data_parallel_rank",
-                 *_TOP_LEVEL_LOGPROB_KEYS)
+                 "custom_logit_processor", *_TOP_LEVEL_LOGPROB_KEYS)
 
 
 def _require_reasoning(value: Any) -> bool:
@@ -75,6 +75,10 @@ def native_request_groups(data: dict[str, Any], created: float) -> tuple[list[li
         raise GenerateError(str(e)) from None
     require_reasoning = _require_reasoning(data.get("require_reasoning"))
     routed_dp_rank = pick_dp_rank(data.get("routed_dp_rank"), data.get("data_parallel_rank"))
+    processor = data.get("custom_logit_processor")  # one for every prompt, or (a batch) a list of one per prompt
+    processors = processor if batch and isinstance(processor, list) else [processor] * n
+    if len(processors) != n:
+        raise GenerateError(f"a batch of {n} prompts needs custom_logit_processor as one string or a list of {n}")
     objs = []
     for i, prompt in enumerate(prompts):
         img = per_images[i]
@@ -96,6 +100,7 @@ def native_request_groups(data: dict[str, Any], created: float) -> tuple[list[li
             mm_kwargs_name=media_kwargs_name,
             require_reasoning=require_reasoning,
             routed_dp_rank=routed_dp_rank,
+            custom_logit_processor=processors[i],
         ))
     try:
         groups = [o.parallel_copies() for o in objs]

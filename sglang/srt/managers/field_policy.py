@@ -38,7 +38,6 @@ def _only(*allowed: Any) -> Callable[[Any], bool]:
 _NO_LORA = Refusal("LoRA adapters are not supported")
 _NO_SESSIONS = Refusal("sessions are not supported")
 _NO_PD = Refusal("prefill-decode disaggregation is not supported")
-_NO_CUSTOM_LOGITS = Refusal("custom logit processors are not supported")
 _NO_CACHE_SALT = Refusal("cache salts and extra cache keys are not supported")
 _NO_HIDDEN = Refusal("hidden states are not returned by this server", (False, None))
 _NO_EXPERTS = Refusal("routed experts: the served models are not mixture-of-experts", (False, None))
@@ -53,8 +52,6 @@ _OPENAI_COMMON: dict[str, Refusal] = {
     "lora_path": _NO_LORA,
     "session_id": _NO_SESSIONS,
     "session_params": _NO_SESSIONS,
-    "custom_logit_processor": _NO_CUSTOM_LOGITS,
-    "custom_params": _NO_CUSTOM_LOGITS,
     "return_hidden_states": _NO_HIDDEN,
     "return_routed_experts": _NO_EXPERTS,
     "routed_experts_start_len": Refusal(_NO_EXPERTS.why, (0, None)),
@@ -122,7 +119,6 @@ GENERATE_REFUSED: dict[str, Refusal] = {
     "session_params": _NO_SESSIONS,
     "lora_path": _NO_LORA,
     "lora_id": _NO_LORA,
-    "custom_logit_processor": _NO_CUSTOM_LOGITS,
     "positional_embed_overrides": Refusal("positional_embed_overrides is not supported"),
     "bootstrap_host": _NO_PD,
     "bootstrap_port": _NO_PD,
@@ -154,7 +150,6 @@ GENERATE_REFUSED: dict[str, Refusal] = {
 # keys of /generate's sampling_params that upstream's SamplingParams defines and this server refuses
 SAMPLING_REFUSED: dict[str, Refusal] = {
     "spaces_between_special_tokens": Refusal("spaces_between_special_tokens false is not supported", (True, None)),
-    "custom_params": _NO_CUSTOM_LOGITS,
     "stream_interval": Refusal("a per-request stream_interval is not supported: the server's --stream-interval applies"),
 }
 

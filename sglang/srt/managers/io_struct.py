@@ -49,6 +49,8 @@ class GenerateReqInput:
     require_reasoning: bool = False
     # the data-parallel replica to run on (an external router's choice; upstream's routed_dp_rank)
     routed_dp_rank: int | None = None
+    # upstream's CustomLogitProcessor.to_str() text; honoured with --enable-custom-logit-processor, else a 400
+    custom_logit_processor: str | None = None
 
     def parallel_copies(self, max_n: int = 64) -> list["GenerateReqInput"]:
         """`sampling_params["n"]` independent samples of this prompt as n requests (they share its KV
@@ -93,6 +95,7 @@ class TokenizedGenerateReqInput:
     # prompt leaves the model reasoning under --reasoning-parser (sglang/srt/parser/reasoning_parser.py)
     grammar_start_after: int | None = None
     routed_dp_rank: int | None = None  # checked against --dp-size; None: the load balancer picks
+    custom_logit_processor: str | None = None  # checked where it entered (it unpickles to a class)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from sglang.srt.multimodal.transport.shm import (
     segment_prefix,
 )
 from sglang.srt.managers.request_validation import (
+    check_custom_logit_processor,
     check_input_ids,
     check_priority,
     check_prompt_length,
@@ -171,6 +172,7 @@ class RequestBuilder:
         if self.server_args.skip_tokenizer_init:
             refuse_tokenizer_work(obj, sampling)
         refuse_grammar_without_backend(sampling, self.server_args.grammar_backend)
+        check_custom_logit_processor(obj.custom_logit_processor, self.server_args)
         bad = next((t for t in (sampling.logit_bias or ()) if t >= self.vocab_size), None)
         if bad is not None:
             raise GenerateError(f"logit_bias names token id {bad} outside the vocabulary [0, {self.vocab_size})")
@@ -263,6 +265,7 @@ class RequestBuilder:
             grammar_start_after=self._grammar_start_after(prompt, sampling, req.messages is not None,
                                                           obj.require_reasoning),
             routed_dp_rank=checked_dp_rank(obj.routed_dp_rank, self.server_args.dp_size),
+            custom_logit_processor=obj.custom_logit_processor,
         )
         tokenized.send_time = time.time()  # the `send` stage starts with serialization
         names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []

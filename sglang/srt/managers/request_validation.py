@@ -11,6 +11,7 @@ from typing import Any
 from sglang.srt.errors import GenerateError
 from sglang.srt.managers.field_policy import SAMPLING_REFUSED, refusal_message
 from sglang.srt.multimodal.image_io import is_local_path_source
+from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessorError, checked_processor
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
@@ -25,6 +26,20 @@ def check_priority(priority: Any, server_args: ServerArgs) -> int:
         raise GenerateError("priority is not honoured by this server: start it with --enable-priority-scheduling "
                             "(or --schedule-policy priority)")
     return priority
+
+
+def check_custom_logit_processor(processor: Any, server_args: ServerArgs) -> str | None:
+    """A request's custom_logit_processor: a 400 with upstream's message when the server does not run client
+    processors, or naming what is wrong with the string (unpickled here, once per distinct string)."""
+    if processor is None:
+        return None
+    if not server_args.enable_custom_logit_processor:
+        raise GenerateError("The server is not configured to enable custom logit processor. "
+                            "Please set `--enable-custom-logit-processor` to enable this feature.")
+    try:
+        return checked_processor(processor)
+    except CustomLogitProcessorError as e:
+        raise GenerateError(f"invalid custom_logit_processor: {e}") from None
 
 
 def merge_media_sources(sources: list[Any], media_data: list[Any], kind: str = "image") -> list[Any]:

@@ -67,6 +67,8 @@ class Req:
         # its grammar has compiled on this rank; it has accepted exactly output_ids
         self.grammar = None
         self.grammar_start_after: int | None = None  # the grammar starts after this output token (reasoning)
+        # the client's processor string (sampling/custom_logit_processor.py), run on this request's logits row
+        self.custom_logit_processor: str | None = None
 
         self.req_pool_idx: int = -1
         self._kv_tail: list[torch.Tensor] = []  # decode slots appended since kv_indices was last read

@@ -139,6 +139,7 @@ class SchedulerIOMixin:
         req.tp_broadcast_ms = recv.tp_broadcast_ms
         req.priority = recv.priority
         req.grammar_start_after = recv.grammar_start_after
+        req.custom_logit_processor = recv.custom_logit_processor
         req.upstream_stages = frozenset(recv.stage_timings_ms)
         if self.stage_timer.enabled:
             if recv.send_time:

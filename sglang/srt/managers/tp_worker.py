@@ -15,9 +15,11 @@ from sglang.srt.layers.sampler import (
     token_logprobs,
 )
 from sglang.srt.environ import envs
+from sglang.srt.managers.io_struct import FinishReason
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.multimodal.transport.cuda_ipc_budget import cuda_ipc_reserved_bytes
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
+from sglang.srt.sampling.custom_logit_processor import apply_custom_logit_processors
 from sglang.srt.sampling.penalties import PenaltyState
 from sglang.srt.server_args import ServerArgs
 
@@ -86,10 +88,11 @@ class TpModelWorker:
         if penalized is not None:
             logits = self.penalties.apply(logits, penalized)
         grammar_rows = []
+        # rows whose token is dropped (a prompt chunk, a re-prefill): no grammar mask, no custom processor
+        dropped = ({i for i, r in enumerate(reqs) if r.is_prefilling() or r.output_ids}
+                   if batch.mode.is_extend() else set())
         if any(r.grammar is not None for r in reqs):  # constrained output: disallowed tokens -inf, in place
-            grammars = [r.grammar for r in reqs]
-            if batch.mode.is_extend():  # rows whose token is dropped (a prompt chunk, a re-prefill): no mask
-                grammars = [None if r.is_prefilling() or r.output_ids else g for g, r in zip(grammars, reqs)]
+            grammars = [None if i in dropped else r.grammar for i, r in enumerate(reqs)]
             grammar_rows = apply_grammar_bitmask(logits, grammars, outputs, self.vocab_size)
         grammar_masked = logits
         info.banned = banned_tokens(params, outputs, self.eos_ids, runner.device)
@@ -97,6 +100,10 @@ class TpModelWorker:
         logits = adjust_logits(logits, info)  # after the penalties, as the sampler's own order has it
         if grammar_rows and info.banned is not None:  # a min_new_tokens ban must not leave a row no token
             logits = revive_dead_rows(logits, grammar_masked, grammar_rows)
+        if any(r.custom_logit_processor is not None for r in reqs):  # last, on what would be sampled (upstream's order)
+            for row, message in apply_custom_logit_processors(logits, reqs, dropped):
+                # the client's code failed: its request ends (next step, alike on every rank), the batch goes on
+                reqs[row].to_abort = FinishReason("abort", message=message, status_code=400)
         ids = self.sampler(logits, info)
         logprobs = None
         if any(p.return_logprob or p.top_logprobs_num for p in params):

@@ -47,6 +47,9 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | None = None
+    # the request's own values for its custom_logit_processor (upstream's field; JSON object), handed to
+    # the processor per row (sglang/srt/sampling/custom_logit_processor.py)
+    custom_params: dict | None = None
 
     def verify(self) -> None:
         # 0: prefill only (prompt logprobs for scoring), no output token
@@ -89,6 +92,8 @@ class SamplingParams:
             self.logit_bias = _checked_logit_bias(self.logit_bias)
         if not isinstance(self.logprob_start_len, int) or isinstance(self.logprob_start_len, bool) or self.logprob_start_len < -1:
             raise SamplingParamsError(f"logprob_start_len must be -1 or a non-negative integer, got {self.logprob_start_len!r}")
+        if self.custom_params is not None and not isinstance(self.custom_params, dict):
+            raise SamplingParamsError(f"custom_params must be an object, got {type(self.custom_params).__name__}")
         try:
             checked_sampling_constraint(self)
         except ConstraintError as e:

@@ -111,7 +111,14 @@ class _DataParallelRouted(_Tolerant):
         return pick_dp_rank(self.routed_dp_rank, self.data_parallel_rank)
 
 
-class ChatCompletionRequest(_DataParallelRouted):
+class _CustomLogitProcessed(_DataParallelRouted):
+    # upstream's custom logit processor (CustomLogitProcessor.to_str()) and its per-request values, honoured
+    # with --enable-custom-logit-processor
+    custom_logit_processor: str | None = None
+    custom_params: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(_CustomLogitProcessed):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -183,7 +190,7 @@ class ChatCompletionRequest(_DataParallelRouted):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class CompletionRequest(_DataParallelRouted):
+class CompletionRequest(_CustomLogitProcessed):
     model: str | None = None
     # one prompt (text or token ids) or a list of them: choice index = prompt index * n + sample
     prompt: str | list[int] | list[str] | list[list[int]]

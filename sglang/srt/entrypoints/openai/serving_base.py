@@ -368,6 +368,7 @@ def sampling_from_request(req: Any, max_new_tokens: int | None, limit_name: str 
         "presence_penalty": req.presence_penalty,
         "repetition_penalty": req.repetition_penalty,
         "logit_bias": req.logit_bias or None,
+        "custom_params": req.custom_params,
         "min_new_tokens": req.min_tokens,
         "n": req.n,
         **req.logprob_params(),

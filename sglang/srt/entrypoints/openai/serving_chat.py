@@ -76,6 +76,7 @@ class OpenAIServingChat(OpenAIServingBase):
             created_time=created,
             priority=req.priority,
             routed_dp_rank=req.dp_rank(),
+            custom_logit_processor=req.custom_logit_processor,
             mm_processor_kwargs=media_kwargs,
             mm_kwargs_name=media_kwargs_name,
             tools=tools,

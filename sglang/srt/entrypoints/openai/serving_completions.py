@@ -50,6 +50,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 created_time=created,
                 priority=req.priority,
                 routed_dp_rank=req.dp_rank(),
+                custom_logit_processor=req.custom_logit_processor,
             )
             for p, prompt in enumerate(prompts)
         ]

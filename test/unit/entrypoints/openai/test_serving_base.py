@@ -166,7 +166,7 @@ def test_finish_reason_and_usage():
 def test_sampling_from_request_takes_a_zero_limit_and_refuses_a_negative_one_by_name():
     class Req:
         temperature = top_p = top_k = min_p = seed = stop = stop_token_ids = stop_regex = None
-        frequency_penalty = presence_penalty = repetition_penalty = min_tokens = logit_bias = None
+        frequency_penalty = presence_penalty = repetition_penalty = min_tokens = logit_bias = custom_params = None
         ignore_eos, skip_special_tokens, n, no_stop_trim = False, True, 1, False
 
         def logprob_params(self):
