@@ -132,6 +132,9 @@ class ServerArgs:
         "accept requests' custom_logit_processor (upstream's field: a Python class pickled by the client with "
         "dill, run on that request's logits before sampling). This runs code sent by the client inside the "
         "server: enable it only where every client is trusted (docs/reliability.md). Off: such a request is a 400"))
+    weight_version: str = field(default="default", metadata=_arg(
+        "the version name of the weights served, reported in meta_info and /get_model_info; "
+        "/update_weights_from_disk may set a new one"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
         "seconds any TP collective may wait for a peer rank before failing (a dead rank ends the server)"))
     api_key: str | None = field(default=None, metadata=_arg(

@@ -87,6 +87,7 @@ UPSTREAM = {
     "--stream-output": _flag(False),
     "--skip-tokenizer-init": _flag(False),
     "--enable-custom-logit-processor": _flag(False),
+    "--weight-version": _flag("default"),
     "--enable-metrics": _flag(False),
     "--log-level": _flag("info", choices=("debug", "info", "warning", "error", "critical")),
     "--allowed-media-domains": _flag(UNKNOWN),

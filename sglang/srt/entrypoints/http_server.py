@@ -2,7 +2,7 @@
 
 Endpoints, on upstream SGLang's paths: /, /health, /health_generate, /ping, /ready, /metrics
 (--enable-metrics), /v1/models, /v1/models/{model}, /model_info (also /get_model_info), /server_info
-(also /get_server_info), /get_load, /flush_cache, /abort_request, /start_profile, /stop_profile, /tokenize and
+(also /get_server_info), /get_load, /flush_cache, /update_weights_from_disk, /get_weight_version, /abort_request, /start_profile, /stop_profile, /tokenize and
 /detokenize (also under /v1/), native /generate (POST or PUT), /v1/chat/completions and /v1/completions.
 Errors are OpenAI-style JSON `{"error": {"message", "type", "code"}}`.
 """
@@ -28,6 +28,7 @@ from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
 from sglang.srt.entrypoints.native_generate import native_request_groups, stream_deltas
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
+from sglang.srt.entrypoints.weight_routes import update_weights_request
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
@@ -206,7 +207,23 @@ def create_app(
             "architectures": tm.hf_config.get("architectures"),
             "model_type": tm.hf_config.get("model_type"),
             "context_length": tm.context_length,
+            "weight_version": tm.weight_version,
         })
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> Response:
+        return json_response({"weight_version": tm.weight_version})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> Response:
+        """Swaps the weights in place on every rank and replica, or on none (weight_routes.py)."""
+        try:
+            success, message = await tm.update_weights_from_disk(
+                **update_weights_request(parse_json_body(await request.body())))
+        except GenerateError as e:
+            return error_response(e)
+        return json_response({"success": success, "message": message, "num_paused_requests": 0},
+                             status_code=200 if success else 400)
 
     @app.get("/server_info")
     @app.get("/get_server_info")

@@ -137,6 +137,20 @@ class ProfileReq:
     req_id: int = 0
 
 
+@dataclass
+class UpdateWeightFromDiskReqInput:
+    """/update_weights_from_disk -> every scheduler replica, in two phases (upstream's name). "load": every
+    TP rank loads `model_path` over its weights, undoably, and the replica answers whether all of its ranks
+    did (a replica whose rank failed is already back on the old weights); then "commit" (caches flushed)
+    when every replica loaded, else "rollback" (the replicas that loaded go back to the old weights)."""
+
+    model_path: str = ""
+    load_format: str | None = None
+    phase: str = "load"  # "load" | "commit" | "rollback"
+    flush_cache: bool = True  # commit: drop the radix cache and the vision embedding cache (upstream's field)
+    req_id: int = 0
+
+
 # ----------------------------------------------------------------------------- finish reasons
 @dataclass
 class FinishReason:
@@ -205,6 +219,16 @@ class BatchStrOut:
 class FlushCacheReqOutput:
     success: bool
     message: str = ""
+    req_id: int = 0
+
+
+@dataclass
+class UpdateWeightFromDiskReqOutput:
+    """One replica's answer to one phase of a weight update (the message names the failing rank)."""
+
+    success: bool
+    message: str = ""
+    dp_rank: int = 0
     req_id: int = 0
 
 

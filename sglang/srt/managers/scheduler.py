@@ -25,6 +25,7 @@ from sglang.srt.managers.schedule_policy import (
 )
 from sglang.srt.managers.scheduler_io_mixin import SchedulerIOMixin
 from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+from sglang.srt.managers.scheduler_update_weights_mixin import SchedulerUpdateWeightsMixin
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -37,7 +38,7 @@ from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled
 logger = logging.getLogger(__name__)
 
 
-class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin):
+class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdateWeightsMixin):
     """One TP rank's scheduler: the loop and the batch decisions live here; receiving requests is in
     `scheduler_io_mixin.py`, applying results and sending them in `scheduler_output_processor_mixin.py`."""
 

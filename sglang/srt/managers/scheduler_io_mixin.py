@@ -24,6 +24,7 @@ from sglang.srt.managers.io_struct import (
     ProfileReq,
     ReplicaLoadReport,
     TokenizedGenerateReqInput,
+    UpdateWeightFromDiskReqInput,
 )
 from sglang.srt.managers.mm_utils import pad_input_ids
 from sglang.srt.managers.profiler import SchedulerProfiler
@@ -120,6 +121,8 @@ class SchedulerIOMixin:
                 self.send(load)
             elif isinstance(msg, ProfileReq):
                 self.handle_profile(msg)
+            elif isinstance(msg, UpdateWeightFromDiskReqInput):
+                self.handle_update_weights(msg)  # scheduler_update_weights_mixin.py
             else:
                 logger.error("scheduler dropped an unknown message %r", type(msg).__name__)
 

@@ -31,6 +31,7 @@ from sglang.srt.managers.request_validation import check_input_ids
 from sglang.srt.managers.stop_holdback import StopHoldback
 from sglang.srt.managers.tokenizer_communicator_mixin import TokenizerCommunicatorMixin, _ControlWait
 from sglang.srt.managers.tokenizer_output_mixin import TokenizerOutputMixin, _ReqState
+from sglang.srt.managers.tokenizer_update_weights_mixin import TokenizerUpdateWeightsMixin
 from sglang.srt.metrics.prometheus import ServingMetrics
 from sglang.srt.multimodal.transport.cuda_ipc import release_unsent
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -42,7 +43,7 @@ logger = logging.getLogger(__name__)
 UNSENT_SHM_MAX_AGE_S = 30.0
 
 
-class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
+class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, TokenizerOutputMixin):
     dp_size = 1  # replicas answering each control request (set in __init__ from --dp-size)
     ids_only = False  # --skip-tokenizer-init: outputs carry output_ids and no text (set in __init__)
 
@@ -75,6 +76,7 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
         self._closing = False
         self._control_waiters: dict[int, _ControlWait] = {}  # control request id -> its replies
         self._control_ids = itertools.count(1)
+        self._init_weight_updates(server_args.weight_version)  # the gate between requests and weight updates
         self._background: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._zmq_ctx = None
@@ -286,7 +288,11 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
             state.finished_reason = FinishReason("abort", message="aborted by an abort_request")
             yield self._final_output(state)
             return
+        await self._wait_weights_ready()  # a weight update in progress: sent once it is over
+        if rid in self.rid_to_state:
+            raise GenerateError(f"request id {rid!r} is already in use")
         self.rid_to_state[rid] = state
+        self._request_started()
         try:
             if payload is None:
                 payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
@@ -322,6 +328,7 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerOutputMixin):
                     if out is not None:
                         yield out
         finally:
+            self._request_ended()
             if self.rid_to_state.get(rid) is state:  # left early: client gone or cancelled
                 self._forget_and_abort(rid)
 

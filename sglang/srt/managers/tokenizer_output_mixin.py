@@ -18,6 +18,7 @@ from sglang.srt.managers.io_struct import (
     GetLoadReqOutput,
     GetServerInfoReqOutput,
     ProfileReqOutput,
+    UpdateWeightFromDiskReqOutput,
 )
 from sglang.srt.managers.stop_holdback import StopHoldback
 from sglang.srt.metrics.stage_timer import rounded
@@ -45,8 +46,10 @@ class _ReqState:
 
 
 class TokenizerOutputMixin:
-    """Needs from its host: ids_only, rid_to_state, tokenizer, metrics, has_served, mark_dead, _recv_sock and
-    _resolve_control (tokenizer_communicator_mixin.py)."""
+    """Needs from its host: ids_only, rid_to_state, tokenizer, metrics, has_served, mark_dead, _recv_sock,
+    _resolve_control (tokenizer_communicator_mixin.py) and weight_version (tokenizer_update_weights_mixin.py)."""
+
+    weight_version = "default"  # the host's current one is reported in every meta_info
 
     async def _handle_loop(self) -> None:
         try:
@@ -54,7 +57,8 @@ class TokenizerOutputMixin:
                 msg = await self._recv_sock.recv_pyobj()
                 if isinstance(msg, BatchStrOut):
                     self._handle_batch_str_out(msg)
-                elif isinstance(msg, (FlushCacheReqOutput, GetServerInfoReqOutput, ProfileReqOutput, GetLoadReqOutput)):
+                elif isinstance(msg, (FlushCacheReqOutput, GetServerInfoReqOutput, ProfileReqOutput, GetLoadReqOutput,
+                                      UpdateWeightFromDiskReqOutput)):
                     self._resolve_control(msg)
                 else:
                     logger.warning("tokenizer manager: ignoring unexpected message %s", type(msg).__name__)
@@ -121,7 +125,7 @@ class TokenizerOutputMixin:
         state.last_output_time = now
 
     def _meta(self, state: _ReqState) -> dict[str, Any]:
-        meta = {"id": state.rid, **state.meta_info}
+        meta = {"id": state.rid, **state.meta_info, "weight_version": self.weight_version}  # upstream's key
         if state.stage_timings:
             meta["stage_timings_ms"] = {**meta.get("stage_timings_ms", {}), **rounded(state.stage_timings)}
         fr = state.finished_reason

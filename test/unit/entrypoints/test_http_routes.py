@@ -22,6 +22,7 @@ class FakeTM:
     """The parts of TokenizerManager the routes use; generations replay `self.script`."""
 
     def __init__(self):
+        self.weight_version = "default"
         self.model_path, self.context_length, self.processor = "/models/tiny", 4096, None
         self.hf_config = {"architectures": ["Tiny"], "model_type": "tiny"}
         self.metrics = object()  # registers /metrics (render_metrics below)
