@@ -79,3 +79,34 @@ def test_update_round_trip(seed1_server, model_dir):
     assert results["long"].json()["meta_info"]["finish_reason"]["type"] == "abort"
     again = _greedy(url)  # A's KV for this prompt was cached: the flush must have dropped it
     assert again["text"] == fresh_b["text"] and again["meta_info"]["weight_version"] == "seed1"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["--tp-size", "2"], ["--dp-size", "2"]], ids=["tp2", "dp2"])
+def test_every_rank_and_replica_updates_or_none(layout, model_dir, tmp_path_factory):
+    """At TP 2 and DP 2: a checkpoint of other shapes fails on every rank and replica and the server keeps
+    serving seed 0; seed 1 then gives the fresh seed-1 server's output (each replica's)."""
+    from dataclasses import replace
+
+    from sglang.testing.presets import get_preset
+
+    root = tmp_path_factory.mktemp("layout")
+    p = get_preset("qwen3-vl-tiny")
+    wide = make_model(replace(p, name="wide", text=replace(p.text, intermediate_size=p.text.intermediate_size * 2)),
+                      root / "wide", progress=False)
+    seed1 = make_model("qwen3-vl-tiny", root / "seed1", seed=1, progress=False)
+    ref = ServerProcess(seed1, root / "ref", layout).wait_healthy()
+    try:
+        fresh = _greedy(ref.url)["text"]
+    finally:
+        ref.close()
+    s = ServerProcess(model_dir, root / "server", layout).wait_healthy()
+    try:
+        before = _greedy(s.url)["text"]
+        bad = _update(s.url, model_path=str(wide))
+        assert bad.status_code == 400 and "Every rank keeps the weights it had" in bad.json()["message"]
+        assert _greedy(s.url)["text"] == before
+        assert _update(s.url, model_path=str(seed1)).status_code == 200
+        assert [_greedy(s.url)["text"] for _ in range(2)] == [fresh, fresh]  # DP: round robin over both
+    finally:
+        s.close()
