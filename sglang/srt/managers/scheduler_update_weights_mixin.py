@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulerUpdateWeightsMixin:
-    """Needs from its host: server_args, tp, dp_rank, worker, tree, is_idle() and send()."""
+    """Needs from its host: server_args, tp, dp_rank, report_dp_rank, worker, tree, is_idle(), _apply_aborts()
+    and send()."""
 
     _staged_weights: StagedWeights | None = None
 
@@ -44,6 +45,9 @@ class SchedulerUpdateWeightsMixin:
 
     def _load_weights(self, req: UpdateWeightFromDiskReqInput) -> tuple[bool, str]:
         error = None
+        # a request whose client left is over for the tokenizer manager, but its abort (sent before this
+        # message) is only marked on a running request: end it now, as the next step would
+        self._apply_aborts()
         if self.server_args.quantization not in (None, "", "none"):
             # --quantization fp8 quantizes float weights while loading, replacing the parameters
             error = "weights cannot be updated with --quantization: restart the server on the new checkpoint"

@@ -82,3 +82,16 @@ def test_update_matches_a_fresh_scheduler_and_failures_keep_the_old_weights(path
     assert new_out == _greedy(fresh) and new_out != old_out
     assert _same(_weights(s), _weights(fresh))
     s.assert_no_leak()
+
+
+def test_a_running_request_whose_abort_arrived_first_does_not_block_the_load(paths):
+    s = InProcessScheduler(paths["old"])
+    rid = s.submit(PROMPT, max_new_tokens=50, ignore_eos=True)
+    s.step()  # prefilled: running
+    assert s.sched.running
+    s.sched.handle_abort(rid, "aborted by client")  # the client left: the abort precedes the update
+    assert _phase(s, "load", paths["new"]).success
+    assert _phase(s, "commit").success
+    s.run_until_idle()
+    assert s.finished[rid].type == "abort"
+    s.assert_no_leak()
