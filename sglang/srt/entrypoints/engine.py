@@ -272,16 +272,18 @@ class Engine:
         priority: int | list[int] | None = None,
         images_config: dict | None = None,
         mm_processor_kwargs: dict | None = None,
+        custom_logit_processor: str | list[str | None] | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """`return_logprob`, `logprob_start_len`, `top_logprobs_num`: upstream's keyword arguments; they
         join every request's sampling parameters (meta_info then holds output_token_logprobs, and
         input_token_logprobs from logprob_start_len on). `video_data`: like `image_data` (one prompt: a video
         or a list of videos, each a URL, path, base64, bytes or a list of frames; a batch: one entry per prompt).
         `priority` (one, or one per prompt; with --enable-priority-scheduling), `images_config` (upstream) or
-        `mm_processor_kwargs` (vLLM): as on /generate."""
+        `mm_processor_kwargs` (vLLM), `custom_logit_processor` (one, or one per prompt; with
+        --enable-custom-logit-processor, its values in sampling_params["custom_params"]): as on /generate."""
         objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
                                        return_logprob, logprob_start_len, top_logprobs_num, video_data,
-                                       EngineOptions(priority, images_config, mm_processor_kwargs))
+                                       EngineOptions(priority, images_config, mm_processor_kwargs, custom_logit_processor))
         if stream:
             return self._stream(objs)
         return self._run(self._collect(objs, as_list))
@@ -301,12 +303,13 @@ class Engine:
         priority: int | list[int] | None = None,
         images_config: dict | None = None,
         mm_processor_kwargs: dict | None = None,
+        custom_logit_processor: str | list[str | None] | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """`generate` for callers on their own event loop (upstream's name): awaits the same outputs
         without blocking that loop; with `stream=True` it returns an async iterator of the chunks."""
         objs, as_list = self._requests(prompt, messages, image_data, sampling_params, stream, input_ids,
                                        return_logprob, logprob_start_len, top_logprobs_num, video_data,
-                                       EngineOptions(priority, images_config, mm_processor_kwargs))
+                                       EngineOptions(priority, images_config, mm_processor_kwargs, custom_logit_processor))
         if stream:
             return self._astream(objs)
         return await asyncio.wrap_future(self._submit(self._collect(objs, as_list)))
@@ -372,6 +375,12 @@ class Engine:
         finally:
             if not self._closed:
                 await asyncio.wrap_future(self._submit(agen.aclose()))  # aborts an unfinished request
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None, abort_all_requests: bool = False,
+                                 weight_version: str | None = None, flush_cache: bool = True) -> tuple[bool, str, int]:
+        """(success, message, num_paused_requests) as upstream's Engine; as POST /update_weights_from_disk."""
+        return (*self._run(self.tokenizer_manager.update_weights_from_disk(
+            model_path, load_format, abort_all_requests, weight_version, flush_cache)), 0)
 
     def flush_cache(self) -> bool:
         return self._run(self.tokenizer_manager.flush_cache()).success

@@ -18,6 +18,8 @@ class EngineOptions:
     priority: int | list[int] | None = None
     images_config: dict | None = None
     mm_processor_kwargs: dict | None = None
+    # CustomLogitProcessor.to_str() (one, or a list of one per prompt); needs --enable-custom-logit-processor
+    custom_logit_processor: str | list[str | None] | None = None
 
 
 def as_media_list(media: Any) -> list[Any]:
@@ -53,11 +55,13 @@ def engine_request_groups(prompt, messages, image_data, sampling_params, stream,
     if not batch:
         if isinstance(options.priority, list):
             raise ValueError("priority is one integer for one prompt")
+        if isinstance(options.custom_logit_processor, list):
+            raise ValueError("custom_logit_processor is one string for one prompt")
         obj = GenerateReqInput(text=prompt, input_ids=input_ids, messages=messages,
                                image_data=as_media_list(image_data), video_data=as_media_list(video_data),
                                sampling_params=dict(sampling_params or {}), stream=stream,
                                priority=options.priority, mm_processor_kwargs=media_kwargs,
-                               mm_kwargs_name=media_kwargs_name)
+                               mm_kwargs_name=media_kwargs_name, custom_logit_processor=options.custom_logit_processor)
         copies = obj.parallel_copies()
         return [copies], len(copies) > 1
     n = len(prompt if isinstance(prompt, list) else input_ids if input_ids else messages)
@@ -69,12 +73,17 @@ def engine_request_groups(prompt, messages, image_data, sampling_params, stream,
     per_priority = options.priority if isinstance(options.priority, list) else [options.priority] * n
     if len(per_priority) != n:
         raise ValueError(f"a batch of {n} requests needs priority as one integer or a list of {n}")
+    per_processor = (options.custom_logit_processor if isinstance(options.custom_logit_processor, list)
+                     else [options.custom_logit_processor] * n)
+    if len(per_processor) != n:
+        raise ValueError(f"a batch of {n} requests needs custom_logit_processor as one string or a list of {n}")
     objs = [
         GenerateReqInput(text=prompt[i] if prompt else None, input_ids=input_ids[i] if input_ids else None,
                          messages=messages[i] if messages else None, image_data=as_media_list(per_images[i]),
                          video_data=as_media_list(per_videos[i]),
                          sampling_params=dict(per_params[i] or {}), stream=stream, priority=per_priority[i],
-                         mm_processor_kwargs=media_kwargs, mm_kwargs_name=media_kwargs_name)
+                         mm_processor_kwargs=media_kwargs, mm_kwargs_name=media_kwargs_name,
+                         custom_logit_processor=per_processor[i])
         for i in range(n)
     ]
     return [o.parallel_copies() for o in objs], True
