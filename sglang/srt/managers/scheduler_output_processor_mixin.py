@@ -62,6 +62,9 @@ class SchedulerOutputProcessorMixin:
             self._profiler.after_forward()  # with num_steps, the last one writes the trace
 
     def _append_token(self, req: Req, tok: int, logprob=None) -> None:
+        if req.to_abort is not None:  # ended during this step (its custom logit processor failed): no token
+            self.finish(req, req.to_abort)
+            return
         req.output_ids.append(tok)
         if logprob is not None:
             req.output_token_logprobs.append((logprob[0], tok))

@@ -102,7 +102,8 @@ class TpModelWorker:
             logits = revive_dead_rows(logits, grammar_masked, grammar_rows)
         if any(r.custom_logit_processor is not None for r in reqs):  # last, on what would be sampled (upstream's order)
             for row, message in apply_custom_logit_processors(logits, reqs, dropped):
-                # the client's code failed: its request ends (next step, alike on every rank), the batch goes on
+                # the client's code failed: its request ends with no token from this row, alike on every rank;
+                # the batch goes on
                 reqs[row].to_abort = FinishReason("abort", message=message, status_code=400)
         ids = self.sampler(logits, info)
         logprobs = None

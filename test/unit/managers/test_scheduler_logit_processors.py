@@ -76,4 +76,5 @@ def test_mixed_batch(path):
     boom = s.finished[rids["boom"]]
     assert boom.type == "abort" and boom.status_code == 400
     assert "custom_logit_processor failed: RuntimeError: boom" in boom.message
+    assert s.outputs[rids["boom"]] == []  # ended at its first step: no token sampled from unprocessed logits
     assert all(s.finished[rids[k]].type == "length" for k in ("plain", "greedy", "sampled", "other"))
