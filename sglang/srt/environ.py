@@ -118,6 +118,10 @@ envs.add("SGLANG_USE_IPC_POOL_HANDLE_CACHE", True, _parse_bool,
 envs.add("SGLANG_MM_IPC_DEBUG", False, _parse_bool,
          "With --mm-feature-transport cuda_ipc, receivers check each slice's generation against the pool's release "
          "board before and after reading it, and fail loudly on a freed or reused slice.")
+envs.add("SGLANG_MM_UINT8_PIXELS", False, _parse_bool,
+         "Images and video frames cross processes as uint8 after resize, with the recipe to normalize them; the "
+         "rescale, normalize and patchify run in float32 where the vision tower runs, bit-identical to the "
+         "processor's (0: baseline, float32 pixel_values made in the tokenizer process).")
 envs.add("SGLANG_VIT_CHUNK_PER_IMAGE", True, _parse_bool,
          "Chunked prefill encodes only the images overlapping each chunk, cached per image hash (0: baseline, "
          "the first chunk touching any image encodes all of the request's images, cached under their combined hash).")

@@ -113,6 +113,7 @@ class RequestBuilder:
                 model_path, self.tokenizer, allowed_local_media_path=server_args.allowed_local_media_path
             )
             self.processor.deferred_jpeg = deferred_decode_enabled(server_args.resolved_device())  # gpu-jpeg-decode
+            self.processor.uint8_pixels = envs.SGLANG_MM_UINT8_PIXELS.get()  # mm-uint8-pixels
             self.processor.video_limits = VideoLimits(max_frame_pixels=envs.SGLANG_VIDEO_MAX_FRAME_PIXELS.get(),
                                                       max_duration_s=envs.SGLANG_VIDEO_MAX_SECONDS.get(),
                                                       max_sampled_bytes=envs.SGLANG_VIDEO_MAX_BYTES.get())

@@ -108,6 +108,8 @@ class QwenVLForConditionalGenerationBase(nn.Module):
 
     @staticmethod
     def _pixels(items: list, device) -> torch.Tensor:
-        if any(isinstance(it.feature, EncodedImage) for it in items):  # SGLANG_GPU_IMAGE_DECODE
+        # SGLANG_GPU_IMAGE_DECODE (compressed JPEGs), SGLANG_MM_UINT8_PIXELS (uint8 after the resize)
+        if any(isinstance(it.feature, EncodedImage) or getattr(it, "pixel_norm", None) is not None
+               for it in items):
             return materialize_pixels(items, device)
         return torch.cat([torch.as_tensor(it.feature).to(device) for it in items], dim=0)

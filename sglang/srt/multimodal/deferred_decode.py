@@ -112,12 +112,13 @@ def defer_jpeg(data: bytes, cfg, max_image_pixels: int | None) -> EncodedImage |
 
 # ---------------------------------------------------------------------- vision side
 def materialize_pixels(items: list, device) -> torch.Tensor:
-    """The concatenated pixel_values of `items` on `device`: tensors as they are, encoded images
-    decoded (batched) first."""
+    """The concatenated pixel_values of `items` on `device`: float32 tensors as they are, encoded images
+    decoded (batched) first, uint8 ones (SGLANG_MM_UINT8_PIXELS) normalized (`raw_pixels.item_pixels`)."""
+    from sglang.srt.multimodal.raw_pixels import item_pixels
+
     encoded = [it.feature for it in items if isinstance(it.feature, EncodedImage)]
     decoded = iter(decode_images(encoded, device))
-    parts = [next(decoded) if isinstance(it.feature, EncodedImage) else torch.as_tensor(it.feature).to(device)
-             for it in items]
+    parts = [next(decoded) if isinstance(it.feature, EncodedImage) else item_pixels(it, device) for it in items]
     return torch.cat(parts, dim=0)
 
 

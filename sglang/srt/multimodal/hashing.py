@@ -120,7 +120,21 @@ def item_hash(item, algo: str = DEFAULT_HASH_ALGO) -> int:
     key = (getattr(item, "model_specific_data", None) or {}).get("source_key")
     if key is not None and algo != "sha256":
         return source_key_hash(key, algo, grid, video_salt(item))
+    norm = getattr(item, "pixel_norm", None)
+    if norm is not None:  # SGLANG_MM_UINT8_PIXELS: see `uint8_pixels_hash`
+        return uint8_pixels_hash(item.feature, norm, algo, grid, video_salt(item))
     return feature_hash(item.feature, algo, grid, video_salt(item))
+
+
+def uint8_pixels_hash(feature, norm, algo: str, grid_thw=None, salt: str = "") -> int:
+    """Hash of an item carried as uint8 after the resize (SGLANG_MM_UINT8_PIXELS): header (dtype, shape,
+    grid), the recipe (`PixelNorm.key`: kind, patch sizes, mean, std, rescale) and the bytes, with every
+    algorithm (sha256 too, which hashes raw bytes alone only for the float32 baseline). Its pixel values
+    are a function of exactly these, and distinct uint8 inputs give distinct values (the normalize table
+    is injective per channel), so two items get one hash with the switch on exactly when they would with
+    it off: the prefix cache and the ViT cache hit and miss alike both ways. The numbers differ (the bytes
+    hashed differ); nothing compares hashes across servers or across a restart with the other setting."""
+    return _digest(algo, _header(feature, grid_thw, salt + norm.key()), _as_bytes_view(feature))
 
 
 def source_key_hash(key: str, algo: str, grid_thw=None, salt: str = "") -> int:

@@ -46,6 +46,45 @@ class EncodedImage:
         return len(self.data)
 
 
+@dataclass(frozen=True)
+class PixelNorm:
+    """How an item's uint8 pixels (SGLANG_MM_UINT8_PIXELS: after the resize, before rescale, normalize and
+    patchify) become the vision tower's float32 input; rebuilt bit for bit where the tower runs
+    (``multimodal/raw_pixels.py``).
+
+    ``kind`` "image": the feature is (H, W, 3) and follows the image processor (``x * rescale_factor``
+    in float64 stored as float32, then ``(x - mean) / std`` in float32; the still image repeated over the
+    temporal patch). ``kind`` "video": (F, H, W, 3) frames following the video processors (transformers'
+    fused ``(x - mean / rescale) / (std / rescale)`` in float32; the last frame repeated up to a multiple
+    of the temporal patch). Both lay patches out in merge-window order. Hashable: the normalize table is
+    cached per value."""
+
+    kind: str
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    do_rescale: bool
+    rescale_factor: float
+    do_normalize: bool
+
+    def __post_init__(self):
+        if self.kind not in ("image", "video"):
+            raise ValueError(f"PixelNorm.kind must be 'image' or 'video', got {self.kind!r}")
+
+    @classmethod
+    def of(cls, kind: str, cfg) -> "PixelNorm":
+        """From an image or video processor config (the fields above, by name)."""
+        return cls(kind, int(cfg.patch_size), int(cfg.temporal_patch_size), int(cfg.merge_size),
+                   tuple(float(v) for v in cfg.image_mean), tuple(float(v) for v in cfg.image_std),
+                   bool(cfg.do_rescale), float(cfg.rescale_factor), bool(cfg.do_normalize))
+
+    def key(self) -> str:
+        """Everything the float32 values depend on besides the bytes: part of the item's hash."""
+        return f"u8|{self!r}|"
+
+
 @dataclass
 class MultimodalDataItem:
     """One image (or video) of a request.
@@ -55,7 +94,9 @@ class MultimodalDataItem:
         feature: ``pixel_values`` for this item, shape
             ``(num_patches, C * temporal_patch_size * patch_size * patch_size)``,
             float32 (a torch tensor or numpy array); or an :class:`EncodedImage` (compressed JPEG,
-            decoded where the vision tower runs: ``multimodal/deferred_decode.py``).
+            decoded where the vision tower runs: ``multimodal/deferred_decode.py``); or, with
+            ``pixel_norm`` set, uint8 pixels after the resize: (H, W, 3) for an image, (F, H, W, 3)
+            for a video's sampled frames.
         image_grid_thw: ``(t, h, w)`` of the item in patches (before the spatial merge).
         offsets: half-open ``(start, end)`` token ranges in the request's input ids
             covered by this item's placeholder (``<|image_pad|>``) tokens.
@@ -64,6 +105,8 @@ class MultimodalDataItem:
             filled later by the hashing code.
         spatial_merge_size: the vision tower's spatial merge size (tokens = patches / merge^2).
         model_specific_data: free-form extra per-item data for a model.
+        pixel_norm: None for float32 pixel_values (the baseline); else how the uint8 ``feature``
+            becomes them (SGLANG_MM_UINT8_PIXELS).
     """
 
     modality: Modality
@@ -74,6 +117,7 @@ class MultimodalDataItem:
     pad_value: int | None = None
     spatial_merge_size: int = 2
     model_specific_data: dict[str, Any] = field(default_factory=dict)
+    pixel_norm: PixelNorm | None = None
 
     @property
     def grid_thw(self) -> tuple[int, int, int]:

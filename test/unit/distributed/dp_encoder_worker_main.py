@@ -23,6 +23,26 @@ def items_for(grids: list[tuple[int, int, int]], row: int, seed: int) -> list:
     ]
 
 
+def uint8_items_for(grids: list[tuple[int, int, int]], visual, merge: int, seed: int) -> list:
+    """SGLANG_MM_UINT8_PIXELS carriers of the same grids: (H, W, 3) images, (F, H, W, 3) videos with an odd
+    frame count where the grid allows (the last frame fills the last temporal patch)."""
+    import torch
+
+    from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem, PixelNorm
+
+    _, tp, p = visual.patch_embed.shape[:3]
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for t, h, w in grids:
+        kind = "video" if t > 1 else "image"
+        shape = (h * p, w * p, 3) if t == 1 else (t * tp - (1 if tp > 1 else 0), h * p, w * p, 3)
+        norm = PixelNorm(kind, p, tp, merge, (0.5, 0.4, 0.3), (0.2, 0.3, 0.25), True, 1 / 255, True)
+        items.append(MultimodalDataItem(Modality.VIDEO if t > 1 else Modality.IMAGE,
+                                        feature=torch.randint(0, 256, shape, dtype=torch.uint8, generator=g),
+                                        image_grid_thw=(t, h, w), pixel_norm=norm))
+    return items
+
+
 def patch_row(visual) -> int:
     shape = visual.patch_embed.shape
     return shape[0] * shape[1] * shape[2] ** 2
@@ -53,6 +73,9 @@ def run(rank: int, size: int, port: int, model_dirs: dict[str, str], cases: list
                     items = items_for(grids, row, seed)
                     # numpy: pickled by value, so the rank may exit before the test process reads them
                     results[name, k] = tuple([e.numpy() for e in m.get_image_feature(items)] for m in (sharded, dp))
+                    # uint8 carriers: each rank finishes only the items dealt to it
+                    u8 = uint8_items_for(grids, dp.visual, dp.config.vision.spatial_merge_size, seed)
+                    results[name, k, "u8"] = [e.numpy() for e in dp.get_image_feature(u8)]
         outbox.put((rank, "ok", (info, results)))
     except Exception:
         outbox.put((rank, "error", traceback.format_exc()))

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dp_encoder_worker_main import items_for, patch_row, run  # noqa: E402
+from dp_encoder_worker_main import items_for, patch_row, run, uint8_items_for  # noqa: E402
 
 from sglang.srt.distributed.dp_encoder import balanced_split, frame_groups  # noqa: E402
 from sglang.srt.distributed.sequence_parallel import vision_tower_parallelism  # noqa: E402
@@ -171,3 +171,26 @@ def test_dp_encoder_equals_sharded_and_single_rank(tp2, dirs, name, case):
             assert d.shape == r.shape
             assert (d - r).abs().max().item() <= 1e-5 * scale + 1e-6, (rank, grids)
             assert (d - s).abs().max().item() <= 1e-5 * scale + 1e-6, (rank, grids)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("case", range(len(CASES)), ids=["no_image", "one_image", "several_sizes", "video", "one_video_split", "video_split_and_image"])
+def test_dp_encoder_finishes_uint8_carriers(tp2, dirs, name, case):
+    """SGLANG_MM_UINT8_PIXELS under --mm-enable-dp-encoder: the ranks' uint8 items (frame groups cut after
+    finishing) give the single-rank model's features on the baseline's float32 pixels."""
+    from sglang.srt.multimodal.raw_pixels import item_pixels
+
+    grids, seed = CASES[case]
+    model = get_model(dirs[name], "float32")
+    u8 = uint8_items_for(grids, model.visual, model.config.vision.spatial_merge_size, seed)
+    floats = items_for(grids, patch_row(model.visual), seed)
+    for f, u in zip(floats, u8):
+        f.feature = item_pixels(u, "cpu")
+    with torch.inference_mode():
+        ref = model.get_image_feature(floats)
+    for rank in range(SIZE):
+        dp = tp2[rank][1][name, case, "u8"]
+        assert len(dp) == len(ref) == len(grids)
+        for r, d in zip(ref, map(torch.from_numpy, dp)):
+            assert d.shape == r.shape
+            assert (d - r).abs().max().item() <= 1e-5 * r.abs().max().item() + 1e-6, (rank, grids)

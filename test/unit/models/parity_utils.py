@@ -12,10 +12,11 @@ from PIL import Image
 from sglang.srt.environ import envs
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
+from sglang.srt.multimodal.mm_types import Modality
 from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
 from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 
-IMAGE_PAD, VISION_START, VISION_END = 151655, 151652, 151653
+IMAGE_PAD, VISION_START, VISION_END, VIDEO_PAD = 151655, 151652, 151653, 151656
 PLACEHOLDER = [VISION_START, IMAGE_PAD, VISION_END]
 # SGLANG_TEST_DEVICE=cuda runs the parity tests on the GPU: ours and transformers on the same device.
 TEST_DEVICE = envs.SGLANG_TEST_DEVICE.get()
@@ -49,6 +50,25 @@ def hf_inputs(hf_model, input_ids: list[int], items) -> dict:
         kwargs["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in items]).to(dev, hf_model.dtype)
         kwargs["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in items], device=dev)
     return kwargs
+
+
+def hf_kwargs(hf, ids, mm) -> dict:
+    """transformers' inputs for a prompt with images and videos (float32 pixel values: the baseline's items)."""
+    dev = hf.device
+    t = torch.tensor([ids], device=dev)
+    kw = {"input_ids": t, "mm_token_type_ids": (t == IMAGE_PAD).long() + 2 * (t == VIDEO_PAD).long()}
+    imgs = [it for it in mm.mm_items if it.modality == Modality.IMAGE]
+    vids = [it for it in mm.mm_items if it.modality == Modality.VIDEO]
+    if imgs:
+        kw["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in imgs]).to(dev, hf.dtype)
+        kw["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in imgs], device=dev)
+    if vids:
+        kw["pixel_values_videos"] = torch.cat([it.feature for it in vids]).to(dev, hf.dtype)
+        kw["video_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in vids], device=dev)
+        if "qwen2" in hf.config.model_type:
+            kw["second_per_grid_ts"] = torch.tensor([it.model_specific_data["second_per_grid_t"] for it in vids],
+                                                    device=dev)
+    return kw
 
 
 def hf_logits(hf_model, input_ids: list[int], items) -> torch.Tensor:

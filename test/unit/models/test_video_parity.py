@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_utils import TEST_DEVICE, make_runner, noise_image, our_logits, rel_err
+from parity_utils import TEST_DEVICE, hf_kwargs, make_runner, noise_image, our_logits, rel_err
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("av")
@@ -49,24 +49,6 @@ def _prompt(parts, proc, seed=0, **kw):
             ids += [VISION_START, VIDEO_PAD, VISION_END]
             videos.append(make_clip(p[1], p[2], p[3], p[4], seed=seed * 100 + k))
     return proc.process(ids, images, videos=videos, **kw)
-
-
-def hf_kwargs(hf, ids, mm) -> dict:
-    dev = hf.device
-    t = torch.tensor([ids], device=dev)
-    kw = {"input_ids": t, "mm_token_type_ids": (t == IMAGE_PAD).long() + 2 * (t == VIDEO_PAD).long()}
-    imgs = [it for it in mm.mm_items if it.modality == Modality.IMAGE]
-    vids = [it for it in mm.mm_items if it.modality == Modality.VIDEO]
-    if imgs:
-        kw["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in imgs]).to(dev, hf.dtype)
-        kw["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in imgs], device=dev)
-    if vids:
-        kw["pixel_values_videos"] = torch.cat([it.feature for it in vids]).to(dev, hf.dtype)
-        kw["video_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in vids], device=dev)
-        if "qwen2" in hf.config.model_type:
-            kw["second_per_grid_ts"] = torch.tensor([it.model_specific_data["second_per_grid_t"] for it in vids],
-                                                    device=dev)
-    return kw
 
 
 CASES = {

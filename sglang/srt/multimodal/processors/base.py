@@ -40,6 +40,10 @@ class BaseMultimodalProcessor(ABC):
     #: SGLANG_GPU_IMAGE_DECODE: plain JPEGs are sized from their header and sent compressed
     #: (set by the request builder; processors that do not support it ignore it).
     deferred_jpeg: bool = False
+    #: SGLANG_MM_UINT8_PIXELS: images and video frames are sent as uint8 after the resize, with the
+    #: recipe (`PixelNorm`) that turns them into pixel values where the vision tower runs (set by the
+    #: request builder).
+    uint8_pixels: bool = False
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ from sglang.srt.multimodal.image_io import (
     load_image,
     to_rgb,
 )
-from sglang.srt.multimodal.mm_types import EncodedImage
+from sglang.srt.multimodal.mm_types import EncodedImage, PixelNorm
 
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -198,20 +198,7 @@ class QwenVLImageProcessor:
         return t * gh * gw // (self.merge_size**2)
 
     def _build_lut(self) -> np.ndarray:
-        """(3, 256) float32: the exact per-channel value of every uint8 input."""
-        x = np.arange(256, dtype=np.uint8)
-        if self.do_rescale:
-            xf = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        else:
-            xf = x.astype(np.float32)
-        xf = np.broadcast_to(xf, (3, 256))
-        if self.do_normalize:
-            mean = np.asarray(self.image_mean, dtype=np.float32)[:, None]
-            std = np.asarray(self.image_std, dtype=np.float32)[:, None]
-            lut = (xf - mean) / std
-        else:
-            lut = xf
-        return np.ascontiguousarray(lut, dtype=np.float32)
+        return image_norm_table(self)
 
     # ------------------------------------------------------------------ #
     def preprocess(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
@@ -225,6 +212,24 @@ class QwenVLImageProcessor:
             "pixel_values": np.concatenate([o[0] for o in outs], axis=0),
             "image_grid_thw": np.asarray([o[1] for o in outs], dtype=np.int64).reshape(-1, 3),
         }
+
+
+def image_norm_table(cfg) -> np.ndarray:
+    """(3, 256) float32: the exact per-channel value of every uint8 input under `cfg`'s do_rescale,
+    rescale_factor, do_normalize, image_mean, image_std (an image processor config or a PixelNorm)."""
+    x = np.arange(256, dtype=np.uint8)
+    if cfg.do_rescale:
+        xf = (x.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
+    else:
+        xf = x.astype(np.float32)
+    xf = np.broadcast_to(xf, (3, 256))
+    if cfg.do_normalize:
+        mean = np.asarray(cfg.image_mean, dtype=np.float32)[:, None]
+        std = np.asarray(cfg.image_std, dtype=np.float32)[:, None]
+        lut = (xf - mean) / std
+    else:
+        lut = xf
+    return np.ascontiguousarray(lut, dtype=np.float32)
 
 
 def _rebuild_image_processor(cls, items):
@@ -246,7 +251,14 @@ def resize_and_patchify(
     image: Image.Image, cfg: QwenVLImageProcessor, rh: int, rw: int
 ) -> tuple[np.ndarray, tuple[int, int, int]]:
     """An RGB image resized to ``(rh, rw)`` (unless ``do_resize`` is off), rescaled, normalized, patchified."""
-    p, m, T = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+    return normalize_and_patchify(resize_to_uint8(image, cfg, rh, rw), cfg._lut, cfg.patch_size, cfg.merge_size,
+                                  cfg.temporal_patch_size)
+
+
+def resize_to_uint8(image: Image.Image, cfg: QwenVLImageProcessor, rh: int, rw: int) -> np.ndarray:
+    """An RGB image resized to ``(rh, rw)`` (unless ``do_resize`` is off): (rh, rw, 3) uint8, what
+    SGLANG_MM_UINT8_PIXELS sends instead of the float32 pixel values."""
+    p, m = cfg.patch_size, cfg.merge_size
     if rh % (p * m) or rw % (p * m):
         raise ImageLoadError(
             f"image size {rh}x{rw} is not a multiple of patch_size*merge_size={p * m} (do_resize=False?)"
@@ -254,8 +266,16 @@ def resize_and_patchify(
     if cfg.do_resize:
         image = image.resize((rw, rh), resample=cfg.resample)
     arr = np.asarray(image)  # (rh, rw, 3) uint8
-    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
+    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3 or arr.shape[:2] != (rh, rw):
         raise ImageLoadError(f"unexpected decoded image array {arr.dtype} {arr.shape}")
+    return arr
+
+
+def normalize_and_patchify(arr: np.ndarray, lut: np.ndarray, p: int, m: int, T: int
+                           ) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """(H, W, 3) uint8 -> ``(pixel_values (gh*gw, 3*T*p*p) float32, (1, gh, gw))`` through the (3, 256)
+    normalize table ``lut``."""
+    rh, rw = arr.shape[:2]
     gh, gw = rh // p, rw // p
     C = 3
     # (gh/m, m, p, gw/m, m, p, C) -> (gh/m, gw/m, m, m, C, p, p)
@@ -264,7 +284,7 @@ def resize_and_patchify(
     # the still image is repeated along T.
     out = np.empty((*u8.shape[:5], T, p, p), dtype=np.float32)
     for c in range(C):
-        vals = np.take(cfg._lut[c], u8[:, :, :, :, c])  # (gh/m, gw/m, m, m, p, p)
+        vals = np.take(lut[c], u8[:, :, :, :, c])  # (gh/m, gw/m, m, m, p, p)
         out[:, :, :, :, c, 0] = vals
         if T > 1:
             out[:, :, :, :, c, 1:] = vals[:, :, :, :, None]
@@ -273,8 +293,9 @@ def resize_and_patchify(
 
 @dataclass
 class ProcessedImage:
-    pixel_values: np.ndarray | EncodedImage
+    pixel_values: np.ndarray | EncodedImage  # float32 patches, or (H, W, 3) uint8 when `norm` is set
     grid_thw: tuple[int, int, int]
+    norm: PixelNorm | None = None
 
 
 def load_and_process_image(
@@ -283,10 +304,23 @@ def load_and_process_image(
     *,
     allowed_local_media_path: str | None = None,
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+    uint8: bool = False,
 ) -> ProcessedImage:
-    """Pure: decode one image input and preprocess it (thread-safe)."""
+    """Pure: decode one image input and preprocess it (thread-safe). `uint8` (SGLANG_MM_UINT8_PIXELS):
+    stop after the resize; the pixels travel as uint8 with the recipe that finishes them."""
     image = load_image(
         source, allowed_local_media_path=allowed_local_media_path, max_image_pixels=max_image_pixels
     )
-    pv, grid = process_image(image, cfg)
-    return ProcessedImage(pv, grid)
+    if not uint8:
+        pv, grid = process_image(image, cfg)
+        return ProcessedImage(pv, grid)
+    image = to_rgb(image)
+    width, height = image.size
+    try:
+        rh, rw = cfg.get_resized_size(height, width)
+    except SmartResizeError as e:
+        raise ImageLoadError(str(e)) from e
+    arr = resize_to_uint8(image, cfg, rh, rw)
+    if not arr.flags.writeable:  # PIL's array export is read-only; the item's tensor must own its bytes
+        arr = arr.copy()
+    return ProcessedImage(arr, (1, rh // cfg.patch_size, rw // cfg.patch_size), PixelNorm.of("image", cfg))

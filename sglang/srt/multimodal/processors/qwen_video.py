@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
+from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem, PixelNorm
 from sglang.srt.multimodal.processors.base import MultimodalInputError
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -320,15 +320,20 @@ class QwenVLVideoProcessor:
 
         return resize_frame(frame, size)
 
-    def process(self, frames: np.ndarray, resized: bool = False) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    def process(self, frames: np.ndarray, resized: bool = False, uint8: bool = False
+                ) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """(T, H, W, 3) uint8 sampled frames -> (pixel_values float32 (t*h*w, 3*T*P*P), (t, h, w)).
-        `resized`: the frames are at the model's size already (resized on decode)."""
-        from sglang.srt.multimodal.processors.video_pixels import pixel_values, resize_frames
+        `resized`: the frames are at the model's size already (resized on decode). `uint8`
+        (SGLANG_MM_UINT8_PIXELS): the frames at the model's size, (T, H, W, 3) uint8, instead of the
+        pixel values (normalized where the vision tower runs, `PixelNorm.of("video", self)`)."""
+        from sglang.srt.multimodal.processors.video_pixels import frame_grid, pixel_values, resize_frames
 
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
             raise MultimodalInputError(f"video frames must be (T, H, W, 3) uint8, got {frames.shape} {frames.dtype}")
         if not resized:
             frames = resize_frames(frames, self.resized_size(*frames.shape[:3]))
+        if uint8:
+            return torch.from_numpy(np.ascontiguousarray(frames)), frame_grid(frames.shape[:3], self)
         return pixel_values(np.ascontiguousarray(frames), self)
 
     def patchify(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
@@ -342,7 +347,7 @@ class QwenVLVideoProcessor:
 class ProcessedVideo:
     """One video ready for the prompt and the vision tower."""
 
-    pixel_values: torch.Tensor  # (t*h*w, 3*T*P*P) float32
+    pixel_values: torch.Tensor  # (t*h*w, 3*T*P*P) float32, or (F, H, W, 3) uint8 frames when `norm` is set
     grid_thw: tuple[int, int, int]
     timestamps: list[float]  # seconds of each temporal patch (Qwen3-VL's prompt text)
     second_per_grid_t: float  # Qwen2.5-VL's M-RoPE time step
@@ -351,12 +356,14 @@ class ProcessedVideo:
     preprocess_ms: float = 0.0  # normalize, patchify (and the resize of frames not resized on decode)
     # what the pixels are a pure function of: the file's digest and the whole config (None: frames given)
     source_key: str | None = None
+    norm: PixelNorm | None = None  # SGLANG_MM_UINT8_PIXELS: how the uint8 frames become pixel values
 
 
 def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_local_media_path: str | None = None,
-                           limits=None, fetcher=None) -> ProcessedVideo:
+                           limits=None, fetcher=None, uint8: bool = False) -> ProcessedVideo:
     """Decode, sample and preprocess one video source (pure, thread-safe). A list of frames is timed at
-    `cfg.frame_list_fps` (a request's fps), since frames carry no rate."""
+    `cfg.frame_list_fps` (a request's fps), since frames carry no rate. `uint8`: the frames stay uint8
+    at the model's size (SGLANG_MM_UINT8_PIXELS)."""
     from sglang.srt.multimodal.video_io import VideoLimits, is_frame_list, load_video
 
     t0 = time.perf_counter()
@@ -368,11 +375,13 @@ def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_lo
     if is_frame_list(source) and cfg.frame_list_fps is not None:
         fps = cfg.frame_list_fps
     t1 = time.perf_counter()
-    pixel_values, grid = cfg.process(video.frames, resized=video.resized)
+    pixel_values, grid = cfg.process(video.frames, resized=video.resized, uint8=uint8)
+    # the key names the file and the config, not the carrier: a video hashes the same both ways
     key = f"{video.source_digest}|{cfg!r}" if video.source_digest else None
     return ProcessedVideo(pixel_values, grid, cfg.timestamps(video.indices, fps),
                           cfg.second_per_grid_t(len(video.indices), video.total_frames, fps), len(video.indices),
-                          (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, key)
+                          (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, key,
+                          PixelNorm.of("video", cfg) if uint8 else None)
 
 
 def request_media_configs(image_processor, video_processor: QwenVLVideoProcessor, kwargs: Mapping[str, Any] | None,
@@ -419,7 +428,8 @@ def expand_video(pv: ProcessedVideo, out_ids: list[int], merge: int, video_token
                               offsets=offsets, spatial_merge_size=merge,
                               model_specific_data={"second_per_grid_t": pv.second_per_grid_t, "num_frames": pv.num_frames,
                                                    "decode_ms": pv.decode_ms, "preprocess_ms": pv.preprocess_ms,
-                                                   **({"source_key": pv.source_key} if pv.source_key else {})})
+                                                   **({"source_key": pv.source_key} if pv.source_key else {})},
+                              pixel_norm=pv.norm)
 
 
 __all__ = ["ProcessedVideo", "expand_video", "request_media_configs", "QwenVLVideoProcessor", "load_and_process_video", "REQUEST_VIDEO_KEYS", "UNKNOWN_FPS", "family_of", "qwen3_video_smart_resize"]

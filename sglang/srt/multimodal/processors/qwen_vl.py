@@ -218,6 +218,7 @@ class QwenVLProcessor(BaseMultimodalProcessor):
             cfg,
             allowed_local_media_path=self.allowed_local_media_path,
             max_image_pixels=self.max_image_pixels,
+            uint8=self.uint8_pixels,
         )
 
     def process(
@@ -301,7 +302,7 @@ class QwenVLProcessor(BaseMultimodalProcessor):
                 return self.load_and_process_image(src, image_config)
             cfg = video_config or self.video_processor
             return load_and_process_video(src, cfg, allowed_local_media_path=self.allowed_local_media_path,
-                                          limits=self.video_limits, fetcher=fetcher)
+                                          limits=self.video_limits, fetcher=fetcher, uint8=self.uint8_pixels)
         except ValueError as e:  # ImageLoadError, VideoLoadError, MultimodalInputError, SmartResizeError
             many = n_images > 1 if kind == Modality.IMAGE else n_videos > 1
             if not many:
@@ -315,7 +316,8 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         out_ids.extend([self.image_token_id] * n_tok)
         feature = pim.pixel_values if isinstance(pim.pixel_values, EncodedImage) else torch.from_numpy(pim.pixel_values)
         return MultimodalDataItem(modality=Modality.IMAGE, feature=feature, image_grid_thw=(int(t), int(gh), int(gw)),
-                                  offsets=[(start, start + n_tok)], spatial_merge_size=self.spatial_merge_size)
+                                  offsets=[(start, start + n_tok)], spatial_merge_size=self.spatial_merge_size,
+                                  pixel_norm=pim.norm)
 
     def _expand_video(self, pv: ProcessedVideo, out_ids: list[int]) -> MultimodalDataItem:
         return expand_video(pv, out_ids, self.spatial_merge_size, self.video_token_id, self.vision_start_token_id,

@@ -60,6 +60,18 @@ def _normalize(x: torch.Tensor, cfg) -> torch.Tensor:
     return x
 
 
+def frame_grid(thw: tuple[int, int, int], cfg) -> tuple[int, int, int]:
+    """(t, h, w) patch grid of F frames of H x W at the model's size, as `patchify` lays them out (the last
+    frame repeated up to a multiple of the temporal patch); refused as `patchify` refuses them."""
+    f, h, w = (int(v) for v in thw)
+    tp, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
+    if not f:
+        raise MultimodalInputError("a video needs at least one frame")
+    if h % (p * m) or w % (p * m):
+        raise MultimodalInputError(f"resized frames {h}x{w} are not a multiple of {p * m}")
+    return -(-f // tp), h // p, w // p
+
+
 def patchify(x: torch.Tensor, tp: int, p: int, m: int, transform=None) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """(T, C, H, W) -> ((T' / tp) * (H / p) * (W / p), C * tp * p * p), T' = T with the last frame repeated
     up to a multiple of `tp`; rows of one temporal patch are contiguous and in merge-window order.
@@ -84,4 +96,4 @@ def patchify(x: torch.Tensor, tp: int, p: int, m: int, transform=None) -> tuple[
     return out, (gt, gh, gw)
 
 
-__all__ = ["patchify", "pixel_values", "resize_frame", "resize_frames"]
+__all__ = ["frame_grid", "patchify", "pixel_values", "resize_frame", "resize_frames"]
