@@ -153,3 +153,21 @@ def test_carrier_without_its_recipe_is_refused():
         item_pixels(MultimodalDataItem(Modality.IMAGE, f32, (1, 2, 2), pixel_norm=norm), "cpu")
     with pytest.raises(ValueError):
         PixelNorm("audio", 16, 2, 2, (0.5,) * 3, (0.5,) * 3, True, 1 / 255, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_cuda_device_pixels_equal_the_cpu_bits(model_type):
+    """On the GPU the same gather and layout: the float32 values are the CPU's bit for bit."""
+    from sglang.srt.multimodal.raw_pixels import device_pixels
+
+    base, u8 = _procs(model_type)
+    frames = [_image(96, 64, seed=k) for k in range(5)]
+    _, vcfg = base.media_config({"num_frames": 5} if model_type == "qwen3_vl" else {})
+    _, u = u8.process([1, VS, IMG, VE, VS, VID, VE], [_image(130, 70, 9)], videos=[frames], video_config=vcfg)
+    for it in u.mm_items:
+        got = device_pixels(it.feature, it.pixel_norm, "cuda")
+        cpu = device_pixels(it.feature, it.pixel_norm, "cpu")
+        assert got.device.type == "cuda" and torch.equal(got.cpu(), cpu)
+        assert torch.equal(cpu, device_pixels(it.feature, it.pixel_norm, "cpu", gather=True))
