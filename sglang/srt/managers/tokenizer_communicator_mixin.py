@@ -54,6 +54,8 @@ class TokenizerCommunicatorMixin:
         info = merge_server_infos([dict(o.info) for o in outs])
         info["shm_fallback_count"] = self.builder.shm_fallback_count
         info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
+        # SGLANG_MM_UINT8_PIXELS as the request builder resolved it (the carrier this server sends)
+        info["mm_uint8_pixels"] = bool(getattr(getattr(self.builder, "processor", None), "uint8_pixels", False))
         if getattr(self.builder, "ipc", None) is not None:
             info.update(self.builder.ipc.stats())
         return info
