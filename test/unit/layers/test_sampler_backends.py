@@ -172,6 +172,7 @@ def test_forced_kernel_path_matches_the_torch_path(interp, v):
     assert got[0] == logits[0].argmax()
 
 
+@pytest.mark.slow  # thousands of interpreted kernel draws: ~22 s on 2 cores
 def test_forced_kernel_draws_follow_the_distribution(interp):
     v = 40
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (v - 4)]))
