@@ -10,7 +10,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig, VisionConfig
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
-from sglang.srt.distributed.sequence_parallel import UlyssesShards, plan_sequence_split, vision_tower_parallelism
+from sglang.srt.distributed.sequence_parallel import UlyssesShards, plan_sequence_split
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
@@ -161,6 +161,8 @@ class Qwen2_5_VisionTransformer(nn.Module):
 
 
 class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
+    vision_tower_cls = Qwen2_5_VisionTransformer
+    text_model_cls = Qwen2Model
     def __init__(
         self,
         config: ModelConfig,
@@ -170,14 +172,7 @@ class Qwen2_5_VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         quant=None,
     ):
         super().__init__(config, tp, dtype)
-        vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, config.vision.num_heads, vit.dp_encoder)
-        self.vision_dp = tp if vit.dp_encoder and tp.size > 1 else None  # --mm-enable-dp-encoder
-        self.visual = Qwen2_5_VisionTransformer(
-            config.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
-            fast_pos_embed=vit.fast_pos_embed, sp=sp,
-        )
-        self.model = Qwen2Model(config.text, tp, dtype, quant)
-        self.init_lm_head()
+        self.init_towers(dtype, vit, quant)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch):
         embeds, _ = self.embed_inputs(input_ids, forward_batch)

@@ -10,7 +10,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig, VisionConfig
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
-from sglang.srt.distributed.sequence_parallel import UlyssesShards, plan_sequence_split, vision_tower_parallelism
+from sglang.srt.distributed.sequence_parallel import UlyssesShards, plan_sequence_split
 from sglang.srt.layers.layernorm import LayerNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import VisionRotaryEmbedding
@@ -162,6 +162,7 @@ class Qwen3VisionTransformer(nn.Module):
 
 
 class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
+    vision_tower_cls = Qwen3VisionTransformer
     text_model_cls = Qwen3Model  # Qwen3-VL-MoE swaps in its sparse decoder
 
     def __init__(
@@ -173,15 +174,8 @@ class Qwen3VLForConditionalGeneration(QwenVLForConditionalGenerationBase):
         quant=None,
     ):
         super().__init__(config, tp, dtype)
-        vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, config.vision.num_heads, vit.dp_encoder)
-        self.vision_dp = tp if vit.dp_encoder and tp.size > 1 else None  # --mm-enable-dp-encoder
-        self.visual = Qwen3VisionTransformer(
-            config.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
-            fast_pos_embed=vit.fast_pos_embed, sp=sp,
-        )
-        self.model = self.text_model_cls(config.text, tp, dtype, quant)
+        self.init_towers(dtype, vit, quant)
         self.num_deepstack = len(config.vision.deepstack_visual_indexes)
-        self.init_lm_head()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch):
         embeds, deepstack = self.embed_inputs(input_ids, forward_batch)

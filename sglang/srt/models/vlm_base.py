@@ -8,6 +8,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.dp_encoder import dp_encode, frame_groups
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.distributed.sequence_parallel import vision_tower_parallelism
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 from sglang.srt.layers.quantization.kv_cache import is_scale_tensor
@@ -16,6 +17,8 @@ from sglang.srt.multimodal.mm_types import EncodedImage
 
 
 class QwenVLForConditionalGenerationBase(nn.Module):
+    vision_tower_cls: type[nn.Module]  # each model's, built by init_towers
+    text_model_cls: type[nn.Module]
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
     stacked_params_mapping = [
         (".qkv_proj.", ".q_proj.", "q"),
@@ -34,6 +37,18 @@ class QwenVLForConditionalGenerationBase(nn.Module):
         # SGLANG_VIT_ENABLE_CUDA_GRAPH: a callable (pixels, grids) -> the tower's output that the model runner
         # attaches (model_executor/vit_cuda_graph_runner.py); None runs the tower itself
         self.vit_graph = None
+
+    def init_towers(self, dtype: torch.dtype | None, vit, quant) -> None:
+        """`vision_tower_cls` and `text_model_cls` of the subclass, and the LM head. The tower is sharded
+        over TP, or replicated for `--mm-enable-dp-encoder`, or split by tokens for Ulysses SP (`vit`: the
+        resolved ViTStrategy)."""
+        cfg, tp = self.config, self.tp
+        vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, cfg.vision.num_heads, vit.dp_encoder)
+        self.vision_dp = tp if vit.dp_encoder and tp.size > 1 else None  # --mm-enable-dp-encoder
+        self.visual = self.vision_tower_cls(cfg.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
+                                            fast_pos_embed=vit.fast_pos_embed, sp=sp)
+        self.model = self.text_model_cls(cfg.text, tp, dtype, quant)
+        self.init_lm_head()
 
     def init_lm_head(self) -> None:
         text = self.config.text
