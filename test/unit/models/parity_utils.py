@@ -97,6 +97,23 @@ def our_logits(sb: StaticBatchRunner, prompts, chunk_size: int | None = None) ->
     return full
 
 
+def our_greedy(sb: StaticBatchRunner, ids: list[int], mm, n: int = 8) -> list[int]:
+    """Our greedy continuation of one prompt, n tokens (its KV slots released after)."""
+    seq = StaticSeq(ids, mm)
+    try:
+        return sb.generate_greedy([seq], max_new_tokens=n)[0]
+    finally:
+        sb.release([seq])
+
+
+def hf_greedy(hf_model, kwargs: dict, n: int = 8) -> list[int]:
+    """transformers' greedy `generate` from `kwargs` (hf_inputs / hf_kwargs): exactly n new tokens."""
+    with torch.no_grad():
+        out = hf_model.generate(**kwargs, attention_mask=torch.ones_like(kwargs["input_ids"]), max_new_tokens=n,
+                                min_new_tokens=n, do_sample=False)
+    return out[0, kwargs["input_ids"].shape[1]:].tolist()
+
+
 def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
     ours, ref = ours.float().cpu(), ref.float().cpu()
     return ((ours - ref).abs().max() / ref.abs().max()).item()

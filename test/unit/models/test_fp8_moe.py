@@ -13,7 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_utils import PLACEHOLDER, TEST_DEVICE, hf_inputs, hf_logits, make_runner, noise_image, our_logits, rel_err, small_processor
+from parity_utils import (
+    PLACEHOLDER, TEST_DEVICE, hf_greedy, hf_inputs, hf_logits, make_runner, noise_image, our_greedy, our_logits, rel_err,
+    small_processor,
+)
 from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod
 from sglang.testing.fp8_checkpoint import dequantize_folder
 from sglang.testing.make_model import make_model
@@ -62,8 +65,6 @@ def test_the_checkpoint_stores_each_expert_as_the_releases_do(fp8_moe):
 @pytest.mark.parametrize("prompt", ["text", "image"])
 def test_weights_alone_equal_the_dequantized_model(fp8_moe, prompt, monkeypatch):
     import sgl_kernel.moe.fp8 as moe_fp8
-    from sglang.srt.model_executor.static_batch import StaticSeq
-
     _, hf, sb, prompts = fp8_moe
     monkeypatch.setattr(Fp8LinearMethod, "apply", _float_activations)
     monkeypatch.setattr(moe_fp8, "w8a8_linear", moe_fp8.dequantized_linear)
@@ -72,16 +73,7 @@ def test_weights_alone_equal_the_dequantized_model(fp8_moe, prompt, monkeypatch)
     ours = our_logits(sb, [(ids, mm)])[0]
     ref = hf_logits(hf, ids, items)
     assert rel_err(ours, ref) < 1e-4
-    seq = StaticSeq(ids, mm)
-    try:
-        tokens = sb.generate_greedy([seq], max_new_tokens=8)[0]
-    finally:
-        sb.release([seq])
-    kw = hf_inputs(hf, ids, items)
-    with torch.no_grad():
-        want = hf.generate(**kw, attention_mask=torch.ones_like(kw["input_ids"]), max_new_tokens=8, min_new_tokens=8,
-                           do_sample=False)[0, len(ids):].tolist()
-    assert tokens == want
+    assert our_greedy(sb, ids, mm) == hf_greedy(hf, hf_inputs(hf, ids, items))
 
 
 def test_quantized_activations_track_the_float_model(fp8_moe):

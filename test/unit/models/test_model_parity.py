@@ -9,10 +9,12 @@ import torch
 from parity_utils import (
     PLACEHOLDER,
     TEST_DEVICE,
+    hf_greedy,
     hf_inputs,
     hf_logits,
     make_runner,
     noise_image,
+    our_greedy,
     our_logits,
     rel_err,
     small_processor,
@@ -96,24 +98,8 @@ def test_chunked_prefill_splitting_images_matches(setup, chunk):
 
 def test_greedy_tokens_match_generate(setup):
     name, hf, sb, proc = setup
-    from sglang.srt.model_executor.static_batch import StaticSeq
-
     ids, mm = _prompt([6, (96, 64), 5], proc, seed=4)
-    seq = StaticSeq(ids, mm)
-    try:
-        ours = sb.generate_greedy([seq], max_new_tokens=8)[0]
-    finally:
-        sb.release([seq])
-    kwargs = hf_inputs(hf, ids, mm.mm_items)
-    with torch.no_grad():
-        ref = hf.generate(
-            **kwargs,
-            attention_mask=torch.ones_like(kwargs["input_ids"]),
-            max_new_tokens=8,
-            min_new_tokens=8,
-            do_sample=False,
-        )[0, len(ids) :].tolist()
-    assert ours == ref
+    assert our_greedy(sb, ids, mm) == hf_greedy(hf, hf_inputs(hf, ids, mm.mm_items))
 
 
 # bf16: the same weights in bf16 on both sides, judged against the float32 reference. transformers' own
@@ -133,8 +119,6 @@ BF16_DEVICES = [pytest.param("cpu", marks=pytest.mark.slow),
 @pytest.mark.parametrize("device", BF16_DEVICES)
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_bf16_rounds_no_worse_than_transformers(tiny_model_dir, name, device):
-    from sglang.srt.model_executor.static_batch import StaticSeq
-
     path = str(tiny_model_dir(name))
     hf32 = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval().to(device)
     hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).eval().to(device)
@@ -147,12 +131,8 @@ def test_bf16_rounds_no_worse_than_transformers(tiny_model_dir, name, device):
         ref = hf_logits(hf32, ids, mm.mm_items)
         ours_errs.append(rel_err(ours, ref))
         hf_errs.append(rel_err(hf_logits(hf, ids, mm.mm_items), ref))
-        seq = StaticSeq(ids, mm)
-        try:
-            mine = sb.generate_greedy([seq], max_new_tokens=8)[0]
-        finally:
-            sb.release([seq])
-        want, theirs = (_hf_greedy(model, ids, mm.mm_items) for model in (hf32, hf))
+        mine = our_greedy(sb, ids, mm)
+        want, theirs = (hf_greedy(model, hf_inputs(model, ids, mm.mm_items)) for model in (hf32, hf))
         agree += sum(a == b for a, b in zip(mine, want))
         hf_agree += sum(a == b for a, b in zip(theirs, want))
         total += len(want)
@@ -161,10 +141,3 @@ def test_bf16_rounds_no_worse_than_transformers(tiny_model_dir, name, device):
           f"{max(hf_errs):.2e}; greedy tokens equal to float32's: ours {agree}/{total}, transformers {hf_agree}/{total}")
     assert max(ours_errs) <= BF16_ERR_RATIO * max(hf_errs)
     assert agree / total >= hf_agree / total - BF16_AGREEMENT_SLACK
-
-
-def _hf_greedy(hf, ids, items, n: int = 8) -> list[int]:
-    kwargs = hf_inputs(hf, ids, items)
-    with torch.no_grad():
-        return hf.generate(**kwargs, attention_mask=torch.ones_like(kwargs["input_ids"]), max_new_tokens=n,
-                           min_new_tokens=n, do_sample=False)[0, len(ids):].tolist()

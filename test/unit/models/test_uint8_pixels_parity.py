@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_utils import TEST_DEVICE, hf_kwargs, make_runner, noise_image, our_logits, rel_err
+from parity_utils import TEST_DEVICE, hf_greedy, hf_kwargs, make_runner, noise_image, our_greedy, our_logits, rel_err
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("av")
@@ -89,17 +89,6 @@ def test_uint8_chunked_prefill_matches(setup, chunk):
 
 
 def test_uint8_greedy_tokens_match_generate(setup):
-    from sglang.srt.model_executor.static_batch import StaticSeq
-
     name, hf, sb, base, u8 = setup
     ids, b, u = _prompts([4, ("vid", 64, 48, 12, 2.5), 3, ("img", 64, 64, 6), 2], base, u8, seed=9)
-    seq = StaticSeq(ids, u)
-    try:
-        ours = sb.generate_greedy([seq], max_new_tokens=8)[0]
-    finally:
-        sb.release([seq])
-    kw = hf_kwargs(hf, ids, b)
-    with torch.no_grad():
-        ref = hf.generate(**kw, attention_mask=torch.ones_like(kw["input_ids"]), max_new_tokens=8, min_new_tokens=8,
-                          do_sample=False)[0, len(ids):].tolist()
-    assert ours == ref
+    assert our_greedy(sb, ids, u) == hf_greedy(hf, hf_kwargs(hf, ids, b))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_utils import TEST_DEVICE, hf_kwargs, make_runner, noise_image, our_logits, rel_err
+from parity_utils import TEST_DEVICE, hf_greedy, hf_kwargs, make_runner, noise_image, our_greedy, our_logits, rel_err
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("av")
@@ -84,20 +84,9 @@ def test_chunked_prefill_through_a_video_matches(setup, chunk):
 
 
 def test_greedy_tokens_match_generate_with_video(setup):
-    from sglang.srt.model_executor.static_batch import StaticSeq
-
     name, hf, sb, proc = setup
     ids, mm = _prompt([4, ("vid", 64, 48, 12, 2.5), 3, ("img", 64, 64), 2], proc, seed=9)
-    seq = StaticSeq(ids, mm)
-    try:
-        ours = sb.generate_greedy([seq], max_new_tokens=8)[0]
-    finally:
-        sb.release([seq])
-    kw = hf_kwargs(hf, ids, mm)
-    with torch.no_grad():
-        ref = hf.generate(**kw, attention_mask=torch.ones_like(kw["input_ids"]), max_new_tokens=8, min_new_tokens=8,
-                          do_sample=False)[0, len(ids):].tolist()
-    assert ours == ref
+    assert our_greedy(sb, ids, mm) == hf_greedy(hf, hf_kwargs(hf, ids, mm))
 
 
 def test_qwen25_time_step_changes_positions_not_pixels(setup):
