@@ -238,13 +238,19 @@ def _rebuild_image_processor(cls, items):
 
 def process_image(image: Image.Image, cfg: QwenVLImageProcessor) -> tuple[np.ndarray, tuple[int, int, int]]:
     """Pure per-image preprocessing (convert, resize, rescale, normalize, patchify)."""
+    image, rh, rw = rgb_and_resized_size(image, cfg)
+    return resize_and_patchify(image, cfg, rh, rw)
+
+
+def rgb_and_resized_size(image: Image.Image, cfg: QwenVLImageProcessor) -> tuple[Image.Image, int, int]:
+    """(the image in RGB, the height and width it is resized to); ImageLoadError when no size fits."""
     image = to_rgb(image)
     width, height = image.size
     try:
         rh, rw = cfg.get_resized_size(height, width)
     except SmartResizeError as e:
         raise ImageLoadError(str(e)) from e
-    return resize_and_patchify(image, cfg, rh, rw)
+    return image, rh, rw
 
 
 def resize_and_patchify(
@@ -314,12 +320,7 @@ def load_and_process_image(
     if not uint8:
         pv, grid = process_image(image, cfg)
         return ProcessedImage(pv, grid)
-    image = to_rgb(image)
-    width, height = image.size
-    try:
-        rh, rw = cfg.get_resized_size(height, width)
-    except SmartResizeError as e:
-        raise ImageLoadError(str(e)) from e
+    image, rh, rw = rgb_and_resized_size(image, cfg)
     arr = resize_to_uint8(image, cfg, rh, rw)
     if not arr.flags.writeable:  # PIL's array export is read-only; the item's tensor must own its bytes
         arr = arr.copy()
