@@ -68,5 +68,7 @@ def init_tp_group(tp_size: int, tp_rank: int, init_addr: str, backend: str, time
     dist.init_process_group(
         backend=backend, init_method=f"tcp://{init_addr}", world_size=tp_size, rank=tp_rank, timeout=timeout
     )
-    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    # its own communicator even on gloo: the scheduler thread broadcasts on it while the overlap
+    # scheduler's forward thread runs the model's collectives on the TP group
+    cpu_group = dist.new_group(backend="gloo", timeout=timeout)
     return TPInfo(rank=tp_rank, size=tp_size, group=dist.group.WORLD, cpu_group=cpu_group, ep_size=ep_size)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 
@@ -12,7 +14,9 @@ class ReqToTokenPool:
     and applied by `apply_pending` at the start of the next forward, all in one host-to-device copy
     and one scatter, instead of a copy per request. A row's queued writes are dropped when the row
     is freed, so a later owner of the row never receives them (and one scatter never holds two values
-    for one cell)."""
+    for one cell). The queue has a lock: with the overlap scheduler the forward thread applies it while
+    the scheduler thread queues the next step's writes (applied early, they touch only cells no running
+    step reads)."""
 
     def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
         self.size = size
@@ -21,22 +25,26 @@ class ReqToTokenPool:
         self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
         self._free = list(range(size))
         self._pending: list[tuple[int, int, torch.Tensor]] = []
+        self._lock = threading.Lock()
 
     def write(self, index: int, start: int, slots: torch.Tensor) -> None:
         """Row `index`, columns [start, start + len(slots)) := slots (applied before the next forward)."""
         if slots.numel():
-            self._pending.append((index, start, slots.reshape(-1).to("cpu", torch.int64)))
+            write = (index, start, slots.reshape(-1).to("cpu", torch.int64))
+            with self._lock:
+                self._pending.append(write)
 
     def apply_pending(self) -> None:
         if not self._pending:
             return
+        with self._lock:
+            pending, self._pending = self._pending, []
         rows: list[int] = []
         cols: list[int] = []
-        for i, c, slots in self._pending:
+        for i, c, slots in pending:
             rows += [i] * slots.numel()
             cols += range(c, c + slots.numel())
-        vals = torch.cat([slots for _, _, slots in self._pending])
-        self._pending.clear()
+        vals = torch.cat([slots for _, _, slots in pending])
         host = torch.cat([torch.tensor(rows + cols, dtype=torch.int64), vals])
         if self.device.type == "cuda":
             host = host.pin_memory()
@@ -52,7 +60,8 @@ class ReqToTokenPool:
     def free(self, index: int) -> None:
         if index in self._free:
             raise RuntimeError(f"request slot {index} freed twice")
-        self._pending = [w for w in self._pending if w[0] != index]
+        with self._lock:
+            self._pending = [w for w in self._pending if w[0] != index]
         self._free.append(index)
 
 

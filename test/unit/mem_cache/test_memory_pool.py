@@ -36,3 +36,27 @@ def test_empty_write_is_ignored():
     pool.write(pool.alloc(), 2, torch.empty(0, dtype=torch.int64))
     pool.apply_pending()
     assert int(pool.req_to_token.abs().sum()) == 0
+
+
+def test_writes_queued_while_another_thread_applies_are_never_lost():
+    """The overlap scheduler queues the next step's writes while the forward thread applies the queue."""
+    import threading
+
+    pool = ReqToTokenPool(1, 4000)
+    row = pool.alloc()
+    done = threading.Event()
+
+    def apply_until_done():
+        while not done.is_set():
+            pool.apply_pending()
+
+    t = threading.Thread(target=apply_until_done)
+    t.start()
+    try:
+        for c in range(4000):
+            pool.write(row, c, torch.tensor([c + 1]))
+    finally:
+        done.set()
+        t.join()
+    pool.apply_pending()
+    assert pool.req_to_token[row].tolist() == list(range(1, 4001))
