@@ -168,6 +168,11 @@ class ScheduleBatch:
     # EXTEND with prompt logprobs owed: (request index, prompt position scored) per scored row, in
     # the order of the forward's input_logprobs; set by to_forward_batch
     input_logprob_owners: list[tuple[int, int]] = field(default_factory=list)
+    seq: int = 0  # the scheduler's step number
+    # overlap scheduling, DECODE: rows whose input token the previous batch (step `future_seq`) is still
+    # sampling, as (row, row in that batch); the worker fills them on the device
+    future_rows: list[tuple[int, int]] | None = None
+    future_seq: int = -1
 
     def is_empty(self) -> bool:
         return not self.reqs

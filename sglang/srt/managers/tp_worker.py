@@ -66,16 +66,34 @@ class TpModelWorker:
         self.eos_ids = sorted(self.model_runner.model_config.eos_token_ids)
         # token statistics of requests with penalties, on the device across steps
         self.penalties = PenaltyState(self.vocab_size, self.model_runner.device)
+        self._last_sampled: tuple[int, torch.Tensor] | None = None  # (batch seq, ids): overlap's future tokens
+
+    def prepare(self, batch: ScheduleBatch, stage_timer_on: bool = False):
+        """The batch's forward inputs, read from its requests now (the overlap scheduler builds them
+        before the step runs, while it goes on changing the requests' host state)."""
+        return batch.to_forward_batch(self.model_runner.device, stage_timer_on)
 
     @torch.inference_mode()
-    def forward_batch_generation(self, batch: ScheduleBatch, stage_timer_on: bool = False):
+    def forward_batch_generation(self, batch: ScheduleBatch, stage_timer_on: bool = False, forward_batch=None,
+                                 before_sampling=None):
         """Runs the batch; returns (one sampled token per request, meaningful only for requests whose
         prompt is complete after this step; the stage timer's batch totals; per-request logprobs, None
         where not asked: (token logprob, [(logprob, token id), ...] top alternatives); prompt logprobs,
-        one (logprob, alternatives) per `batch.input_logprob_owners` entry)."""
+        one (logprob, alternatives) per `batch.input_logprob_owners` entry).
+
+        Overlap scheduling: `forward_batch` was prepared earlier, its rows in `batch.future_rows` take the
+        token the previous batch sampled (still on the device); `before_sampling` returns once the
+        scheduler has applied that previous batch's tokens, so everything sampling reads from the
+        requests (output ids, grammars, penalties) is as the step-by-step scheduler would see it.
+        Requests that finished meanwhile ride along: their rows are computed and their tokens dropped."""
         runner = self.model_runner
-        fb = batch.to_forward_batch(runner.device, stage_timer_on)
+        fb = forward_batch if forward_batch is not None else batch.to_forward_batch(runner.device, stage_timer_on)
+        if batch.future_rows is not None:
+            self._resolve_future_tokens(fb, batch)
+        self._last_sampled = None  # set again below; a failed step leaves nothing to resolve from
         out = runner.forward(fb)
+        if before_sampling is not None:
+            before_sampling()
         reqs = batch.reqs
         params = [r.sampling_params for r in reqs]
         outputs = [r.output_ids for r in reqs]
@@ -91,6 +109,7 @@ class TpModelWorker:
         # rows whose token is dropped (a prompt chunk, a re-prefill): no grammar mask, no custom processor
         dropped = ({i for i, r in enumerate(reqs) if r.is_prefilling() or r.output_ids}
                    if batch.mode.is_extend() else set())
+        dropped |= {i for i, r in enumerate(reqs) if r.finished()}  # overlap: ended while this step was queued
         if any(r.grammar is not None for r in reqs):  # constrained output: disallowed tokens -inf, in place
             grammars = [None if i in dropped else r.grammar for i, r in enumerate(reqs)]
             grammar_rows = apply_grammar_bitmask(logits, grammars, outputs, self.vocab_size)
@@ -106,11 +125,24 @@ class TpModelWorker:
                 # the batch goes on
                 reqs[row].to_abort = FinishReason("abort", message=message, status_code=400)
         ids = self.sampler(logits, info)
+        self._last_sampled = (batch.seq, ids)
         logprobs = None
         if any(p.return_logprob or p.top_logprobs_num for p in params):
             logprobs = self._logprobs(logits, ids, params)
         input_logprobs = self._input_logprobs(out.input_logprobs) if out.input_logprobs is not None else []
         return ids.tolist(), fb.stage_totals or {}, logprobs, input_logprobs  # the step's device-to-host copies
+
+    def _resolve_future_tokens(self, fb, batch: ScheduleBatch) -> None:
+        """Decode rows whose input is the token the previous step sampled: copied on the device from that
+        step's ids (`batch.future_rows`: (row, row in the previous batch) pairs, against batch
+        `batch.future_seq`)."""
+        last = self._last_sampled
+        if last is None or last[0] != batch.future_seq:
+            raise RuntimeError(f"the step this batch continues (#{batch.future_seq}) did not complete")
+        rows, src = zip(*batch.future_rows)
+        dst = torch.tensor(rows, dtype=torch.int64).to(fb.input_ids.device, non_blocking=True)
+        idx = torch.tensor(src, dtype=torch.int64).to(last[1].device, non_blocking=True)
+        fb.input_ids[dst] = last[1][idx].to(fb.input_ids.dtype)
 
     @staticmethod
     def _input_logprobs(scored) -> list:
