@@ -61,6 +61,10 @@ class ServerArgs:
         "GPU: fraction of device memory for weights + KV cache"))
     page_size: int = field(default=1, metadata=_arg("KV cache page size in tokens"))
     disable_radix_cache: bool = field(default=False, metadata=_arg("disable the prefix cache"))
+    disable_overlap_schedule: bool = field(default=False, metadata=_arg(
+        "run the scheduler step by step: without this, the next decode step is built and launched while the "
+        "current one runs, its input tokens taken from the current step's samples on the device (outputs are "
+        "the same either way)"))
     schedule_policy: str = field(default="fcfs", metadata=_arg(
         "order of waiting requests: fcfs (arrival), lpm (longest cached prefix first), dfs-weight (depth-first over "
         "the prefix tree, heaviest subtrees first), lof (largest max_new_tokens first), random, priority (each "

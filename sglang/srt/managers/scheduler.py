@@ -25,6 +25,7 @@ from sglang.srt.managers.schedule_policy import (
 )
 from sglang.srt.managers.scheduler_io_mixin import SchedulerIOMixin
 from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+from sglang.srt.managers.scheduler_overlap_mixin import SchedulerOverlapMixin, _is_engine_fault
 from sglang.srt.managers.scheduler_update_weights_mixin import SchedulerUpdateWeightsMixin
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
@@ -38,9 +39,10 @@ from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled
 logger = logging.getLogger(__name__)
 
 
-class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdateWeightsMixin):
+class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdateWeightsMixin, SchedulerOverlapMixin):
     """One TP rank's scheduler: the loop and the batch decisions live here; receiving requests is in
-    `scheduler_io_mixin.py`, applying results and sending them in `scheduler_output_processor_mixin.py`."""
+    `scheduler_io_mixin.py`, applying results and sending them in `scheduler_output_processor_mixin.py`,
+    the overlapped loop in `scheduler_overlap_mixin.py`."""
 
     def __init__(self, server_args: ServerArgs, port_args: PortArgs | None, tp: TPInfo = SINGLE_RANK, gpu_id: int = 0,
                  dp_rank: int = 0):
@@ -89,6 +91,8 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
             self.grammar_queue = GrammarQueue(server_args, lambda: self.tokenizer, self.worker.vocab_size,
                                               self.eos_ids, tp)
 
+        self.init_overlap(not server_args.disable_overlap_schedule)
+
         self.recv_socket = self.send_socket = self.load_socket = None
         if port_args is not None and tp.rank == 0:
             ctx = zmq.Context(1)
@@ -111,6 +115,8 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
         args = self.server_args
+        if self._launched and self.waiting and args.enable_priority_scheduling and not args.disable_priority_preemption:
+            self.resolve_in_flight()  # preemption takes KV back from running requests: decide on applied state
         chunking = self.chunked_prefill_size > 0
         step = self.chunked_prefill_size if chunking else args.max_prefill_tokens
         adder = PrefillAdder(self.kv, self.running, step, self.max_running_requests, chunking,
@@ -191,6 +197,11 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
             return None
         ps = self.kv.allocator.page_size
         while self.kv.available_tokens() < ps * sum(r.kv_len % ps == 0 for r in self.running):
+            if self._launched:  # the step in flight may end requests and free KV: retract only on applied state
+                self.resolve_in_flight()
+                if not self.running:
+                    return None
+                continue
             if self.chunked_req is not None:  # pause the prefill first: decoding requests keep going
                 req, self.chunked_req = self.chunked_req, None
                 self._retract(req)
@@ -211,7 +222,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
     def _retract(self, req: Req) -> None:
         """Out of KV for decoding: free this request's KV (its prefix goes to the radix cache) and
         requeue it at the front; it re-prefills prompt + outputs later, output so far intact."""
-        self.kv.release(req)
+        self.release_kv(req)
         self.worker.forget_retracted(req.rid)  # its penalty row is rebuilt at the re-prefill
         self.waiting.insert(0, req)
         self.num_retractions += 1
@@ -230,7 +241,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
                                          args.schedule_low_priority_values_first):
             self.running.remove(victim)
             adder.release_running(victim)
-            self.kv.release(victim)
+            self.release_kv(victim)
             self.worker.forget_retracted(victim.rid)  # its penalty row is rebuilt at the re-prefill
             self.waiting.append(victim)
             self.num_preemptions += 1
@@ -250,7 +261,9 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
 
     # ------------------------------------------------------------------ loop
     def step(self) -> bool:
-        """One scheduling step; returns whether a batch ran."""
+        """One scheduling step; returns whether a batch ran (overlapped: was launched or applied)."""
+        if self.enable_overlap:
+            return self.step_overlap()
         self.process_input_requests(self.recv_requests())
         batch = self.get_next_batch_to_run()
         if batch is not None:
@@ -284,17 +297,6 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
         for req in reqs:
             self._fail(req, error)
         self.flush_outputs()
-
-
-def _is_engine_fault(e: BaseException) -> bool:
-    """Failures no request caused and none can survive: a collective with a dead peer rank, a lost
-    device. The process exits on these (the server answers 503 and stops)."""
-    import torch.distributed as dist
-
-    if isinstance(e, getattr(dist, "DistError", ())) or isinstance(e, (MemoryError, SystemError)):
-        return True
-    text = str(e)
-    return any(s in text for s in ("Connection closed by peer", "Gloo", "NCCL", "CUDA error", "device-side assert"))
 
 
 def _min_across_ranks(value: int, tp: TPInfo) -> int:

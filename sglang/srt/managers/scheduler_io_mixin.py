@@ -62,7 +62,7 @@ class SchedulerIOMixin:
         return self._tokenizer
 
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req or self.grammar_queue)
+        return not (self.waiting or self.running or self.chunked_req or self.grammar_queue or self._launched)
 
     def recv_requests(self) -> list:
         """Rank 0 drains the tokenizer's socket; every rank gets the same list (TP broadcast)."""

@@ -21,9 +21,14 @@ class SchedulerOutputProcessorMixin:
 
     # ------------------------------------------------------------------ results
     def run_batch(self, batch: ScheduleBatch) -> None:
-        timer = self.stage_timer
         start = time.perf_counter()
-        next_ids, totals, logprobs, input_logprobs = self.worker.forward_batch_generation(batch, timer.enabled)
+        result = self.worker.forward_batch_generation(batch, self.stage_timer.enabled)
+        self.process_batch_result(batch, result, start)
+
+    def process_batch_result(self, batch: ScheduleBatch, result, start: float) -> None:
+        """Applies a step's sampled tokens (`start`: when the step was launched)."""
+        timer = self.stage_timer
+        next_ids, totals, logprobs, input_logprobs = result
         logprobs = logprobs or [None] * len(next_ids)
         for (i, pos), (lp, alts) in zip(batch.input_logprob_owners, input_logprobs):
             req = batch.reqs[i]
@@ -56,7 +61,8 @@ class SchedulerOutputProcessorMixin:
                     self.running.append(req)
         else:
             for req, tok, lp in zip(batch.reqs, next_ids, logprobs):
-                self._append_token(req, tok, lp)
+                if not req.finished():  # overlap: a request that ended while this step was queued rode along
+                    self._append_token(req, tok, lp)
             self.running = [r for r in self.running if not r.finished()]
         if self._profiler is not None:
             self._profiler.after_forward()  # with num_steps, the last one writes the trace
@@ -149,7 +155,7 @@ class SchedulerOutputProcessorMixin:
         req.finished_reason = reason
         # stages measured upstream (tokenizer process) were logged there
         self.stage_timer.emit(req.rid, req.stage_timings_ms, [st for st in STAGES if st not in req.upstream_stages])
-        self.kv.release(req)
+        self.release_kv(req)
         self.outbox.append(req)
 
     def flush_outputs(self) -> None:
@@ -190,7 +196,7 @@ class SchedulerOutputProcessorMixin:
         """After their last output is built: finished requests' embedder state goes (every rank)."""
         for r in reqs:
             if r.finished():
-                self.worker.release_request(r.rid)
+                self.release_worker_state(r)
 
     def _meta_info(self, req: Req) -> dict:
         meta = {"prompt_tokens": req.prompt_len, "completion_tokens": len(req.output_ids),
