@@ -118,6 +118,10 @@ envs.add("SGLANG_USE_IPC_POOL_HANDLE_CACHE", True, _parse_bool,
 envs.add("SGLANG_MM_IPC_DEBUG", False, _parse_bool,
          "With --mm-feature-transport cuda_ipc, receivers check each slice's generation against the pool's release "
          "board before and after reading it, and fail loudly on a freed or reused slice.")
+envs.add("SGLANG_OVERLAP_SCHEDULE_ON_CPU", False, _parse_bool,
+         "Run the overlap scheduler on a CPU device too (without --disable-overlap-schedule it is on for CUDA; on CPU "
+         "the forward thread's compute competes with the scheduler thread for the same cores, -12% tok/s measured on "
+         "2 cores, so by default a CPU server runs step by step).")
 envs.add("SGLANG_MM_UINT8_PIXELS", False, _parse_bool,
          "Images and video frames cross processes as uint8 after resize, with the recipe to normalize them; the "
          "rescale, normalize and patchify run in float32 where the vision tower runs, bit-identical to the "

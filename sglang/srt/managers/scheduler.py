@@ -14,6 +14,7 @@ import zmq
 
 from sglang.srt.constrained.scheduler_grammar import GrammarQueue
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, init_tp_group
+from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import FinishReason, SchedulerDied, SchedulerReady
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import (
@@ -91,7 +92,9 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
             self.grammar_queue = GrammarQueue(server_args, lambda: self.tokenizer, self.worker.vocab_size,
                                               self.eos_ids, tp)
 
-        self.init_overlap(not server_args.disable_overlap_schedule)
+        # on a CPU the forward thread would compete with this one for the same cores (docs/optimizations/overlap-schedule.md)
+        self.init_overlap(not server_args.disable_overlap_schedule
+                          and (runner.device.type == "cuda" or envs.SGLANG_OVERLAP_SCHEDULE_ON_CPU.get()))
 
         self.recv_socket = self.send_socket = self.load_socket = None
         if port_args is not None and tp.rank == 0:

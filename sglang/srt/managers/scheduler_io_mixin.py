@@ -285,6 +285,7 @@ class SchedulerIOMixin:
             "num_retractions": self.num_retractions,
             "new_token_ratio": round(self.new_token_ratio.value, 4),
             "num_request_errors": self.num_request_errors,
+            "overlap_schedule": self.enable_overlap,
             "context_length": self.context_length,
             "chunked_prefill_size": self.chunked_prefill_size,  # after the start-up activation check
             **self.worker.mm_stats(),

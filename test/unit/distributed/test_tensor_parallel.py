@@ -115,6 +115,24 @@ def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk, transport):
     assert all(ms > 0 for ms in results[0][1]["broadcast_ms"].values()), "rank 0 times each request's broadcast"
 
 
+def test_tp2_overlapped_matches_step_by_step_tp1(tiny_model_dir, monkeypatch):
+    """Both ranks overlap: each one's forward thread runs the model's all-reduces while its scheduler thread
+    broadcasts the next requests on the object group; tokens equal a step-by-step single rank."""
+    path = str(tiny_model_dir("qwen3-vl-tiny"))
+    requests = _requests(16)
+    single = InProcessScheduler(path, max_total_tokens=4096, chunked_prefill_size=7, disable_overlap_schedule=True)
+    for r in requests:
+        single.sched.process_input_requests([r])
+        single.outputs[r.rid] = []
+    single.run_until_idle()
+    monkeypatch.setenv("SGLANG_OVERLAP_SCHEDULE_ON_CPU", "1")  # the spawned ranks inherit it
+    results = _run_tp(dict(model_path=path, dtype="float32", device="cpu", max_total_tokens=4096,
+                           chunked_prefill_size=7, tp_size=2), requests)
+    assert all(info["overlap"] for _, info in results.values())
+    assert results[0][0] == {r.rid: single.outputs[r.rid] for r in requests}
+    assert all(info["free_after"] == info["max_tokens"] for _, info in results.values())
+
+
 @pytest.mark.parametrize("preset,patch,chunk", [("qwen3-vl-tiny", 16, -1), ("qwen3-vl-tiny", 16, 7),
                                                 ("qwen2.5-vl-tiny", 14, 9)],
                          ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked"])

@@ -66,6 +66,7 @@ def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, res
         "free_after": sched.kv.available_tokens(),
         "max_tokens": sched.max_total_num_tokens,
         "broadcast_ms": broadcast_ms,
+        "overlap": sched.enable_overlap,
     }
     result_queue.put((rank, outputs if rank == 0 else None, shard_info))
     import torch.distributed as dist

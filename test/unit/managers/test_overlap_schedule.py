@@ -20,6 +20,11 @@ def _text(n, seed):
     return torch.randint(0, 1500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+@pytest.fixture(autouse=True)
+def overlap_on_cpu(monkeypatch):
+    monkeypatch.setenv("SGLANG_OVERLAP_SCHEDULE_ON_CPU", "1")  # a CPU device runs step by step by default
+
+
 @pytest.fixture(scope="module")
 def path(tiny_model_dir):
     return str(tiny_model_dir("qwen3-vl-tiny"))
@@ -151,6 +156,14 @@ def test_abort_mid_step_ends_only_its_request(path):
     assert overlap_fin[1][0] == fin[1][0] == "abort"
     # the token of the step in flight when the abort arrived is dropped: a prefix of the step-by-step output
     assert overlap_out[1] == seq[1][: len(overlap_out[1])] and len(overlap_out[1]) >= len(seq[1]) - 1
+
+
+def test_a_cpu_device_runs_step_by_step_unless_asked(path, monkeypatch):
+    monkeypatch.delenv("SGLANG_OVERLAP_SCHEDULE_ON_CPU")
+    assert InProcessScheduler(path).sched.enable_overlap is False
+    monkeypatch.setenv("SGLANG_OVERLAP_SCHEDULE_ON_CPU", "1")
+    assert InProcessScheduler(path).sched.enable_overlap is True
+    assert InProcessScheduler(path, disable_overlap_schedule=True).sched.enable_overlap is False
 
 
 def test_decode_steps_really_overlap(path):
