@@ -5,6 +5,15 @@ penalties, output processing. The real in-process `Scheduler` on the tiny Qwen3-
     python benchmark/performance/bench_host_overhead.py --batch-sizes 1,64,128 --json out.json
     python benchmark/performance/bench_host_overhead.py --legacy-penalties   # the per-step rebuild
     python benchmark/performance/bench_host_overhead.py --workloads stop --legacy-stop-check  # a decode a step
+    python benchmark/performance/bench_host_overhead.py --overlap-device-ms 2,8  # overlap scheduler on/off
+
+--overlap-device-ms: how much of a step's host time the overlap scheduler hides. The forward is a stub
+that waits the given milliseconds without holding the GIL (a device running the step), the rest of
+the step is real (the sampler's large ops run in C++ without the GIL, as device work would); wall ms per
+decode step with `--disable-overlap-schedule` and
+without, same process, same requests. Step by step a step costs device + host; overlapped, about
+max(device, host); `saved_ms` = off - on is bounded by the scheduler thread's own CPU per step (printed),
+the part of the host work that moves off the critical path.
 
 How host time is isolated on a CPU-only machine (where the "device" is the CPU too):
 - the model forward is a stub that applies the runner's queued table writes (batch-building work) and
@@ -188,7 +197,8 @@ class HostOverheadRun:
     """One scheduler with `bs` requests of `prompt_len` random tokens, decoding `output_len` tokens."""
 
     def __init__(self, model_path: str, bs: int, prompt_len: int, output_len: int, params: dict,
-                 legacy_penalties: bool = False, elide: bool = True, legacy_stop_check: bool = False):
+                 legacy_penalties: bool = False, elide: bool = True, legacy_stop_check: bool = False,
+                 overlap: bool = False, device_ms: float = 0.0):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
         from sglang.srt.managers.scheduler import Scheduler
@@ -198,7 +208,7 @@ class HostOverheadRun:
         total = bs * (prompt_len + output_len + 8) + 64
         args = ServerArgs(model_path=model_path, dtype="float32", device="cpu", max_total_tokens=total,
                           max_running_requests=bs, context_length=prompt_len + output_len + 16,
-                          disable_radix_cache=True, random_seed=0)
+                          disable_radix_cache=True, random_seed=0, disable_overlap_schedule=not overlap)
         self.sched = sched = Scheduler(args, None)
         if legacy_stop_check:
             sched._stop_strings = DecodeEveryStep()
@@ -220,6 +230,8 @@ class HostOverheadRun:
                 self.mode.__enter__()
                 self._hooked = True
             runner.req_to_token_pool.apply_pending()
+            if device_ms:
+                time.sleep(device_ms / 1e3)  # the device's share: the host thread waits, the GIL is free
             return LogitsProcessorOutput(next_token_logits=logits[: fb.batch_size])
 
         runner.forward = fake_forward
@@ -279,6 +291,50 @@ def sampler_vocab_passes(model_path: str, bs: int = 8) -> tuple[int, dict]:
     return n, dict(by_op)
 
 
+def overlap_comparison(model_path: str, bs: int, prompt_len: int, output_len: int, device_ms: float,
+                       params: dict) -> dict:
+    """Wall ms per decode step with the overlap scheduler off and on (see --overlap-device-ms)."""
+    out = {}
+    for overlap in (False, True):
+        # not elided: the dispatch hook would add Python work to the forward thread that a device has not;
+        # the sampler's large ops run in C++ without the GIL, as device work does
+        run = HostOverheadRun(model_path, bs, prompt_len, output_len, params, elide=False, overlap=overlap,
+                              device_ms=device_ms)
+        run.prefill()
+        s = run.sched
+        gc.collect()
+        steps, t0, c0 = 0, time.perf_counter(), CLOCK()
+        while not s.is_idle():
+            s.step()
+            steps += 1
+        key = "on" if overlap else "off"
+        out[key] = round((time.perf_counter() - t0) * 1e3 / steps, 3)
+        # this thread's CPU per step: overlapped, the scheduler's own host work (what can hide behind the device)
+        out[f"scheduler_thread_cpu_ms_{key}"] = round((CLOCK() - c0) * 1e3 / steps, 3)
+        del run
+    out["saved_ms"] = round(out["off"] - out["on"], 3)
+    return out
+
+
+def main_overlap(args, model_path: str) -> int:
+    sizes = [int(x) for x in args.batch_sizes.split(",") if x]
+    devices = [float(x) for x in args.overlap_device_ms.split(",") if x]
+    results = {}
+    print(f"Wall ms per decode step, overlap scheduler off / on; prompt {args.prompt_len}, output "
+          f"{args.output_len}, greedy; the forward waits device_ms without the GIL")
+    print(f"{'device_ms':>9} {'bs':>5} {'off':>9} {'on':>9} {'saved':>9} {'sched-thread cpu (on)':>22}")
+    for d in devices:
+        for bs in sizes:
+            r = overlap_comparison(model_path, bs, args.prompt_len, args.output_len, d, WORKLOADS["greedy"])
+            results[f"{d:g}ms/bs{bs}"] = r
+            print(f"{d:>9g} {bs:>5} {r['off']:>9.3f} {r['on']:>9.3f} {r['saved_ms']:>9.3f} "
+                  f"{r['scheduler_thread_cpu_ms_on']:>22.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"overlap": results}, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch-sizes", default="1,64,128")
@@ -291,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop strings: the output's tail decoded at every step (before)")
     ap.add_argument("--model-path", default=None, help="default: the embedded tiny Qwen3-VL")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--overlap-device-ms", default=None,
+                    help="comma list: compare the overlap scheduler off/on with a forward of this many ms")
     args = ap.parse_args(argv)
 
     import logging
@@ -301,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("sglang").setLevel(logging.WARNING)
     model_path = args.model_path or str(ensure_model("qwen3-vl-tiny"))
+    if args.overlap_device_ms:
+        return main_overlap(args, model_path)
     sizes = [int(x) for x in args.batch_sizes.split(",") if x]
     workloads = [w for w in args.workloads.split(",") if w]
     hook_s = hook_overhead_s()
