@@ -178,6 +178,19 @@ class ServerArgs:
         "data-parallel vision encoder at --tp-size > 1: whole vision weights on every rank, each encode call's "
         "images (and videos) split over the ranks balanced by patch count, the embeddings all-gathered back "
         "(no collective inside the tower; not with --enable-vit-ulysses-sp; no effect at --tp-size 1)"))
+    encoder_only: bool = field(default=False, metadata=_arg(
+        "encoder disaggregation (EPD): serve only the vision tower (no text decoder, no KV cache): /health and "
+        "/encode for language servers started with --language-only --encoder-urls (docs/optimizations/epd.md)"))
+    language_only: bool = field(default=False, metadata=_arg(
+        "encoder disaggregation (EPD): load no vision weights; images and videos are encoded by the servers of "
+        "--encoder-urls (least outstanding work first, another one on failure, 503 when none answers)"))
+    encoder_urls: tuple[str, ...] | None = field(default=None, metadata=_arg(
+        "with --language-only: the encoder servers' base URLs (http://host:port), space- or comma-separated"))
+    encoder_transfer_backend: str = field(default="zmq_to_scheduler", metadata=_arg(
+        "with --language-only, where encoders send the embeddings: zmq_to_scheduler (to scheduler rank 0, or the "
+        "data-parallel controller, which the TP broadcast / replica routing carries on) or zmq_to_tokenizer "
+        "(to the tokenizer manager, which sends them with the request); mooncake is refused",
+        choices=("zmq_to_scheduler", "zmq_to_tokenizer", "mooncake")))
     dp_size: int = field(default=1, metadata=_arg(
         "data-parallel replicas: N copies of the scheduler group (each --tp-size ranks, on consecutive devices "
         "from --base-gpu-id) behind one data-parallel controller; one node only", aliases=("--data-parallel-size",)))

@@ -55,6 +55,7 @@ def check_and_normalize(args) -> list[str]:
         if problem:
             problems.append(f"--mm-feature-transport cuda_ipc: {problem}; use cpu (shared memory on one host)")
     problems += _data_parallel_problems(args)
+    problems += _encoder_disaggregation_problems(args)
     if args.mm_enable_dp_encoder and args.enable_vit_ulysses_sp:
         problems.append("--mm-enable-dp-encoder with --enable-vit-ulysses-sp: both replicate the vision tower and "
                         "split its work over the ranks (whole images vs. patches); choose one")
@@ -154,6 +155,41 @@ def _data_parallel_problems(args) -> list[str]:
         problems.append(str(e))
     if args.base_gpu_id < 0:
         problems.append("--base-gpu-id must be >= 0")
+    return problems
+
+
+def _encoder_disaggregation_problems(args) -> list[str]:
+    """EPD (--encoder-only / --language-only --encoder-urls): the combinations that cannot work, one line each."""
+    object.__setattr__(args, "encoder_urls", tuple(args.encoder_urls or ()))
+    if args.encoder_only and args.language_only:
+        return ["--encoder-only with --language-only: a server is either the vision encoder or the language "
+                "model; start one of each"]
+    problems = []
+    if args.encoder_transfer_backend == "mooncake":
+        problems.append("--encoder-transfer-backend mooncake: the Mooncake transfer engine is not built into this "
+                        "engine; use zmq_to_scheduler (default) or zmq_to_tokenizer")
+    elif args.encoder_transfer_backend not in ("zmq_to_scheduler", "zmq_to_tokenizer"):
+        problems.append(f"--encoder-transfer-backend {args.encoder_transfer_backend}: choose zmq_to_scheduler or "
+                        "zmq_to_tokenizer")
+    if args.language_only and not args.encoder_urls:
+        problems.append("--language-only needs --encoder-urls: the servers that encode its images and videos "
+                        "(started with --encoder-only)")
+    if args.encoder_urls and not args.language_only:
+        problems.append("--encoder-urls is for --language-only servers (a server with its own vision tower "
+                        "encodes its images itself)")
+    bad = [u for u in args.encoder_urls if not str(u).startswith(("http://", "https://"))]
+    if bad:
+        problems.append(f"--encoder-urls {' '.join(bad)}: each must be an http(s)://host:port URL")
+    if args.encoder_only:
+        if args.tp_size != 1 or args.dp_size != 1 or args.nnodes != 1:
+            problems.append("--encoder-only runs one vision tower per process: --tp-size, --dp-size and --nnodes "
+                            "must be 1 (start more encoders and list them all in --encoder-urls)")
+        if args.mm_feature_transport == "cuda_ipc":
+            problems.append("--encoder-only with --mm-feature-transport cuda_ipc: the encoder receives its items "
+                            "over HTTP; drop the flag")
+    if args.language_only and (args.mm_enable_dp_encoder or args.enable_vit_ulysses_sp):
+        problems.append("--language-only loads no vision tower: --mm-enable-dp-encoder and --enable-vit-ulysses-sp "
+                        "belong on the encoders")
     return problems
 
 

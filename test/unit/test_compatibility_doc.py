@@ -108,6 +108,11 @@ UPSTREAM = {
     "--enable-mixed-chunk": _flag(False),
     "--disable-overlap-schedule": _flag(False),
     "--mm-enable-dp-encoder": _flag(False),
+    "--encoder-only": _flag(False),
+    "--language-only": _flag(False),
+    "--encoder-urls": _flag([]),
+    "--encoder-transfer-backend": _flag("zmq_to_scheduler", choices=("zmq_to_scheduler", "zmq_to_tokenizer",
+                                                                     "mooncake")),
 }
 STATUSES = ("same", "different", "missing", "ours")
 

@@ -20,15 +20,23 @@ class ViTStrategy:
     the tower's weights are replicated and its tokens split over the ranks (False: the TP-sharded tower).
     dp_encoder: the server flag `--mm-enable-dp-encoder`: at TP > 1 the tower's weights are replicated and
     each encode call's images are split over the ranks, each rank running whole images (False: the
-    TP-sharded tower). The defaults are the switches' defaults."""
+    TP-sharded tower). towers: which parts of the model are built and loaded: "all" (the default), "text"
+    (`--language-only`: no vision tower, its images arrive as embeddings from encoders) or "vision"
+    (`--encoder-only`: the vision tower alone, no decoder, no LM head). The defaults are the switches'
+    defaults."""
 
     patch_embed_linear: bool = True
     fast_pos_embed: bool = True
     ulysses_sp: bool = False
     dp_encoder: bool = False
+    towers: str = "all"
+
+    def __post_init__(self):
+        if self.towers not in ("all", "text", "vision"):
+            raise ValueError(f"ViTStrategy.towers must be all, text or vision, got {self.towers!r}")
 
     @classmethod
-    def from_env(cls, ulysses_sp: bool = False, dp_encoder: bool = False) -> "ViTStrategy":
+    def from_env(cls, ulysses_sp: bool = False, dp_encoder: bool = False, towers: str = "all") -> "ViTStrategy":
         from sglang.srt.environ import envs
 
         return cls(
@@ -36,4 +44,5 @@ class ViTStrategy:
             fast_pos_embed=envs.SGLANG_VIT_FAST_POS_EMBED.get(),
             ulysses_sp=ulysses_sp,
             dp_encoder=dp_encoder,
+            towers=towers,
         )

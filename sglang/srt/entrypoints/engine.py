@@ -106,6 +106,9 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
     from sglang.srt.managers.io_struct import SchedulerReady
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
+    if server_args.encoder_only:
+        raise ValueError("--encoder-only serves the vision tower alone, over HTTP for language servers: start it "
+                         "with python -m sglang.launch_server --encoder-only (sglang.Engine runs language models)")
     # Resolve once here, so children never each generate the embedded default model.
     server_args = dataclasses.replace(server_args, model_path=server_args.resolved_model_path())
     from sglang.srt.server_args_checks import log_ignored_flags

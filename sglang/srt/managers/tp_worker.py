@@ -55,6 +55,7 @@ class TpModelWorker:
                 page_size=server_args.page_size,
                 enable_vit_ulysses_sp=server_args.enable_vit_ulysses_sp,
                 mm_enable_dp_encoder=server_args.mm_enable_dp_encoder,
+                language_only=server_args.language_only,
             ),
             tp,
         )

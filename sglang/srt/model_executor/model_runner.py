@@ -48,6 +48,7 @@ class ModelRunnerConfig:
     page_size: int = 1
     enable_vit_ulysses_sp: bool = False  # --enable-vit-ulysses-sp: replicated vision tower, tokens split over TP
     mm_enable_dp_encoder: bool = False  # --mm-enable-dp-encoder: replicated vision tower, images split over TP
+    language_only: bool = False  # --language-only (EPD): no vision tower; images arrive as encoders' embeddings
     quantization: str | None = None  # --quantization (a checkpoint's own quantization_config applies regardless)
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype: auto (the model dtype), fp8_e4m3, fp8_e5m2
     quantization_param_path: str | None = None  # --quantization-param-path: FP8 KV cache scales (JSON)
@@ -59,7 +60,8 @@ class ModelRunner:
         self.tp = tp
         self.device = torch.device(cfg.device)
         # vision-tower switches resolved once here, with the server flag beside the environment's
-        vit = ViTStrategy.from_env(ulysses_sp=cfg.enable_vit_ulysses_sp, dp_encoder=cfg.mm_enable_dp_encoder)
+        vit = ViTStrategy.from_env(ulysses_sp=cfg.enable_vit_ulysses_sp, dp_encoder=cfg.mm_enable_dp_encoder,
+                                   towers="text" if cfg.language_only else "all")
         self.model = get_model(cfg.model_path, cfg.dtype, self.device, tp, vit, cfg.quantization)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype

@@ -45,10 +45,14 @@ class QwenVLForConditionalGenerationBase(nn.Module):
         cfg, tp = self.config, self.tp
         vision_tp, sp = vision_tower_parallelism(tp, vit.ulysses_sp, cfg.vision.num_heads, vit.dp_encoder)
         self.vision_dp = tp if vit.dp_encoder and tp.size > 1 else None  # --mm-enable-dp-encoder
-        self.visual = self.vision_tower_cls(cfg.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
-                                            fast_pos_embed=vit.fast_pos_embed, sp=sp)
-        self.model = self.text_model_cls(cfg.text, tp, dtype, quant)
-        self.init_lm_head()
+        self.towers = vit.towers  # EPD: "text" (--language-only) or "vision" (--encoder-only) builds one half
+        self.visual = None
+        if vit.towers != "text":
+            self.visual = self.vision_tower_cls(cfg.vision, vision_tp, dtype, patch_embed_linear=vit.patch_embed_linear,
+                                                fast_pos_embed=vit.fast_pos_embed, sp=sp)
+        if vit.towers != "vision":
+            self.model = self.text_model_cls(cfg.text, tp, dtype, quant)
+            self.init_lm_head()
 
     def init_lm_head(self) -> None:
         text = self.config.text
@@ -70,6 +74,10 @@ class QwenVLForConditionalGenerationBase(nn.Module):
 
     def skip_checkpoint_name(self, name: str) -> bool:
         """Tied lm_head, and KV cache scales (read by the model runner for an FP8 KV cache)."""
+        if getattr(self, "towers", "all") != "all":  # EPD: the other half's tensors stay on disk
+            vision = self.map_checkpoint_name(name).startswith("visual.")
+            if vision != (self.towers == "vision"):
+                return True
         return (self.config.tie_word_embeddings and name.startswith("lm_head.")) or is_scale_tensor(name)
 
     def embed_inputs(self, input_ids: torch.Tensor, forward_batch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -88,6 +96,9 @@ class QwenVLForConditionalGenerationBase(nn.Module):
         all of them back."""
         if not items:
             return []
+        if self.visual is None:
+            raise RuntimeError("this model was built without its vision tower (--language-only): its images must "
+                               "arrive as embeddings from the encoders")
         device = next(self.visual.parameters()).device
         grids = [tuple(int(v) for v in it.image_grid_thw) for it in items]
         merge2 = self.config.vision.spatial_merge_size**2
