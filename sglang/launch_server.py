@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_on_signal)
 
+    if server_args.encoder_only:  # encoder disaggregation: the vision tower alone (docs/optimizations/epd.md)
+        from sglang.srt.disaggregation.encode_server import launch_encoder_server
+
+        return launch_encoder_server(server_args)
+
     from sglang.srt.entrypoints.http_server import launch_server
 
     return launch_server(server_args)

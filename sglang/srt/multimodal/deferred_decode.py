@@ -141,16 +141,22 @@ def decode_images(encs: list[EncodedImage], device) -> list[torch.Tensor]:
 
 def pil_pixels(enc: EncodedImage) -> torch.Tensor:
     """The tokenizer path's own decode and preprocessing, run here: bit-identical pixel_values."""
-    from sglang.srt.multimodal.processors.qwen_image import resize_and_patchify
-
-    cfg = enc.processor
-    rh, rw = enc.target_hw
     try:
-        image = load_image(enc.data, max_image_pixels=None, allowed_formats=("JPEG",))
+        return strict_pil_pixels(enc)
     except ImageLoadError as e:  # passed the header checks, broken inside the entropy-coded data
         _note("decode error")
         logger.error("deferred image decode failed (%s); the image is encoded as blank", e)
         return _blank(enc)
+
+
+def strict_pil_pixels(enc: EncodedImage) -> torch.Tensor:
+    """`pil_pixels`, but a JPEG broken past its header raises ImageLoadError (a ValueError) instead of
+    becoming a blank image: where the caller can still answer the request 400 (the EPD encoder)."""
+    from sglang.srt.multimodal.processors.qwen_image import resize_and_patchify
+
+    cfg = enc.processor
+    rh, rw = enc.target_hw
+    image = load_image(enc.data, max_image_pixels=None, allowed_formats=("JPEG",))
     w, h = image.size
     try:
         size = cfg.get_resized_size(h, w)

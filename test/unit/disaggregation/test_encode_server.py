@@ -1,0 +1,127 @@
+"""The encoder server (`--encoder-only`): its HTTP app in a thread on the tiny model, items as the language
+server's processor leaves them (PNG pixel values, a JPEG still compressed), embeddings pushed over ZMQ equal
+to the whole model's vision tower, the per-image cache keyed by the language side's hash, and a corrupt
+image answered 400 (not an encoder failure)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+import torch
+import zmq
+from PIL import Image
+
+from sglang.srt.disaggregation.encode_protocol import ENCODE_PATH, EncodedEmbeddings, EncodeRequest
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.network import pick_unused_port
+
+
+def _image_bytes(w: int, h: int, seed: int, fmt: str) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, fmt)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model_dir):
+    import uvicorn
+
+    from sglang.srt.disaggregation.encode_server import EncoderEngine, create_encoder_app
+
+    port = pick_unused_port()
+    args = ServerArgs(model_path=str(tiny_model_dir("qwen3-vl-tiny")), encoder_only=True, dtype="float32",
+                      device="cpu", port=port)
+    engine = EncoderEngine(args)
+    server = uvicorn.Server(uvicorn.Config(create_encoder_app(engine), host="127.0.0.1", port=port,
+                                           log_level="warning", loop="asyncio", http="h11"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "encoder app did not start"
+        time.sleep(0.05)
+    yield engine, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def items(tiny_model_dir):
+    """Three items as a --language-only tokenizer builds them: deferred JPEG, PNG pixel values, hashed."""
+    from transformers import AutoTokenizer
+
+    from sglang.srt.multimodal.hashing import precompute_item_hashes
+    from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
+
+    path = str(tiny_model_dir("qwen3-vl-tiny"))
+    proc = QwenVLProcessor.from_pretrained(path, AutoTokenizer.from_pretrained(path))
+    proc.deferred_jpeg = True
+    pad = 151655
+    imgs = [_image_bytes(96, 64, 1, "JPEG"), _image_bytes(64, 128, 2, "PNG"), _image_bytes(80, 80, 3, "PNG")]
+    _, mm = proc.process([151652, pad, 151653] * 3, imgs)
+    precompute_item_hashes(mm, "xxh3_128")
+    return mm.mm_items
+
+
+def _post(url: str, req: EncodeRequest):
+    return requests.post(url + ENCODE_PATH, data=pickle.dumps(req), timeout=60)
+
+
+def test_encode_pushes_the_whole_models_embeddings_and_caches_by_hash(encoder, items, tiny_model_dir):
+    from sglang.srt.configs.vit_strategy import ViTStrategy
+    from sglang.srt.model_loader.loader import get_model
+    from sglang.srt.multimodal.mm_types import EncodedImage
+
+    engine, url = encoder
+    assert isinstance(items[0].feature, EncodedImage)  # a plain JPEG travels compressed
+    ctx = zmq.Context(1)
+    sink = ctx.socket(zmq.PULL)
+    port = sink.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        r = _post(url, EncodeRequest("r1", [0, 2, 5], items, f"tcp://127.0.0.1:{port}"))
+        assert r.status_code == 200, r.text
+        assert r.json()["cached"] == 0 and r.json()["items"] == 3
+        assert sink.poll(10_000)
+        msg = EncodedEmbeddings.from_frames(sink.recv_multipart())
+        assert msg.rid == "r1" and msg.item_indices == [0, 2, 5]
+        whole = get_model(str(tiny_model_dir("qwen3-vl-tiny")), "float32", "cpu", vit=ViTStrategy())
+        with torch.no_grad():
+            ref = whole.get_image_feature(items)
+        for a, b in zip(ref, msg.embeddings):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        # the same images again, under another request: all three from the encoder's cache
+        r = _post(url, EncodeRequest("r2", [0, 1, 2], items, f"tcp://127.0.0.1:{port}"))
+        assert r.status_code == 200 and r.json()["cached"] == 3
+        assert sink.poll(10_000)
+        again = EncodedEmbeddings.from_frames(sink.recv_multipart())
+        assert again.rid == "r2" and all(torch.equal(a, b) for a, b in zip(again.embeddings, msg.embeddings))
+        info = requests.get(url + "/get_server_info", timeout=10).json()
+        assert info["num_encoded_items"] >= 3 and info["num_cached_items"] >= 3
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_corrupt_jpeg_is_a_400_and_the_encoder_serves_on(encoder, items):
+    import copy
+
+    _, url = encoder
+    assert requests.get(url + "/health", timeout=10).status_code == 200
+    bad = copy.deepcopy(items[0])
+    data = bytearray(bad.feature.data)
+    cut = len(data) // 3
+    data[cut:] = b"\x00" * (len(data) - cut)  # header intact, entropy-coded data destroyed
+    bad.feature.data = bytes(data[: cut + 16])
+    bad.hash = 12345
+    r = _post(url, EncodeRequest("bad", [0], [bad], "tcp://127.0.0.1:9"))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert requests.post(url + ENCODE_PATH, data=b"not a pickle", timeout=10).status_code == 400
+    assert requests.get(url + "/health", timeout=10).status_code == 200
