@@ -106,6 +106,9 @@ class _Registry:
 envs = _Registry()
 envs.add("SGLANG_MODEL_CACHE", "", str, "Directory for generated embedded models (default ~/.cache/sglang/models).")
 envs.add("SGLANG_VLM_CACHE_SIZE_MB", 100.0, float, "Byte budget (MiB) of the vision-encoder embedding cache.")
+envs.add("SGLANG_ENCODER_TIMEOUT_S", 60.0, float,
+         "--language-only (EPD): longest one encoder call may take (then its items go to another encoder), and "
+         "longest scheduler rank 0 holds a zmq_to_scheduler request for its embeddings (then 503).")
 envs.add("SGLANG_MM_SHM_TRANSPORT", True, _parse_bool,
          "With --mm-feature-transport cpu and every rank on one host, pixel data crosses processes in POSIX shared "
          "memory and requests carry metadata only (0: baseline, pixels pickled inside the request and the TP broadcast).")

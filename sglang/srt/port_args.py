@@ -22,6 +22,9 @@ class PortArgs:
     dp_load_ipc_name: str = ""
     replica_input_ipc_names: tuple[str, ...] = ()
     replica_nccl_ports: tuple[int, ...] = ()
+    # --language-only (EPD): the tcp:// endpoint encoders push embeddings to (bound by scheduler rank 0, the
+    # data-parallel controller at --dp-size > 1, or the tokenizer manager under zmq_to_tokenizer)
+    epd_embedding_addr: str = ""
 
     def for_replica(self, dp_rank: int) -> "PortArgs":
         """What replica `dp_rank`'s schedulers see: their own input socket and rendezvous port."""
@@ -52,8 +55,25 @@ class PortArgs:
             dp_load_ipc_name=f"ipc://{d}/dp-load" if dp > 1 else "",
             replica_input_ipc_names=tuple(f"ipc://{d}/scheduler-dp{k}" for k in range(dp)) if dp > 1 else (),
             replica_nccl_ports=tuple(pick_unused_port() for _ in range(dp)) if dp > 1 else (),
+            epd_embedding_addr=_epd_embedding_addr(server_args),
         )
 
 
 # sockaddr_un holds 108 bytes on Linux, the terminating NUL included
 _UNIX_SOCKET_PATH_MAX = 107
+
+
+def _epd_embedding_addr(server_args) -> str:
+    if not getattr(server_args, "language_only", False):
+        return ""
+    from sglang.srt.utils.network import pick_unused_port
+
+    host = server_args.host
+    if host in ("0.0.0.0", "::", ""):  # encoders on other machines reach this host by its name's address
+        import socket
+
+        try:
+            host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            host = "127.0.0.1"
+    return f"tcp://{host}:{pick_unused_port()}"

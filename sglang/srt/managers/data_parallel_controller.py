@@ -66,6 +66,41 @@ class LoadBalancer:
         return k
 
 
+class EmbeddingRouter:
+    """EPD (zmq_to_scheduler) at --dp-size > 1: which replica each request went to, so that the embeddings
+    encoders push for it follow it there; embeddings that arrive before their request wait for it. No I/O."""
+
+    def __init__(self, max_routes: int = 65536, ttl_s: float = 120.0, clock=None):
+        import time
+        from collections import OrderedDict
+
+        self.clock = clock or time.monotonic
+        self.routes: OrderedDict[str, int] = OrderedDict()  # recent rid -> replica
+        self.early: dict[str, tuple[float, list]] = {}  # rid -> (first arrival, payload frames)
+        self.max_routes = max_routes
+        self.ttl_s = ttl_s
+
+    def on_request(self, rid: str, replica: int) -> list:
+        """Records the route; returns the embeddings already here for it (to send first)."""
+        self.routes[rid] = replica
+        if len(self.routes) > self.max_routes:
+            self.routes.popitem(last=False)
+        return self.early.pop(rid, (0.0, []))[1]
+
+    def on_embeddings(self, rid: str, payload) -> int | None:
+        """The replica to send them to now, or None (kept until their request is routed)."""
+        k = self.routes.get(rid)
+        if k is None:
+            self.early.setdefault(rid, (self.clock(), []))[1].append(payload)
+        return k
+
+    def expire(self) -> None:
+        now = self.clock()
+        for rid, (t, _) in list(self.early.items()):
+            if now - t > self.ttl_s:
+                del self.early[rid]  # its request failed on another encoder and was never sent
+
+
 # ----------------------------------------------------------------------------- the process
 class DataParallelController:
     def __init__(self, server_args, port_args):
@@ -77,6 +112,14 @@ class DataParallelController:
         self.recv_requests.bind(port_args.scheduler_input_ipc_name)
         self.recv_loads = self.ctx.socket(zmq.PULL)
         self.recv_loads.bind(port_args.dp_load_ipc_name)
+        # --language-only with zmq_to_scheduler: encoders push embeddings here; each goes to its request's replica
+        self.epd = None
+        if server_args.language_only and server_args.encoder_transfer_backend == "zmq_to_scheduler":
+            from sglang.srt.disaggregation.encode_protocol import bind_endpoint
+
+            self.epd = EmbeddingRouter()
+            self.recv_embeddings = self.ctx.socket(zmq.PULL)
+            self.recv_embeddings.bind(bind_endpoint(port_args.epd_embedding_addr))
         self.replicas = []
         for k in range(server_args.dp_size):
             sock = self.ctx.socket(zmq.PUSH)
@@ -89,11 +132,20 @@ class DataParallelController:
         poller = zmq.Poller()
         poller.register(self.recv_loads, zmq.POLLIN)
         poller.register(self.recv_requests, zmq.POLLIN)
+        if self.epd is not None:
+            poller.register(self.recv_embeddings, zmq.POLLIN)
         while True:
-            ready = dict(poller.poll())
+            ready = dict(poller.poll(1000 if self.epd is not None else None))
             self._drain_loads()  # the freshest counts before routing what arrived with them
             if self.recv_requests in ready:
                 self._forward(self.recv_requests.recv_multipart(copy=False))
+            if self.epd is not None:
+                if self.recv_embeddings in ready:
+                    frames = self.recv_embeddings.recv_multipart(copy=False)
+                    k = self.epd.on_embeddings(frames[0].bytes.decode(), frames[-1])
+                    if k is not None:
+                        self.replicas[k].send(frames[-1], copy=False)
+                self.epd.expire()
 
     def _drain_loads(self) -> None:
         import zmq
@@ -107,7 +159,11 @@ class DataParallelController:
     def _forward(self, frames: list) -> None:
         if len(frames) == 2:  # header + a generation request: one replica
             rid, num_tokens, routed = read_request_header(frames[0].bytes)
-            self.replicas[self.balancer.pick(num_tokens, routed)].send(frames[1], copy=False)
+            k = self.balancer.pick(num_tokens, routed)
+            if self.epd is not None:  # embeddings that came first go ahead of it, on the same socket
+                for early in self.epd.on_request(rid, k):
+                    self.replicas[k].send(early, copy=False)
+            self.replicas[k].send(frames[1], copy=False)
             return
         data = frames[0].bytes
         for sock in self.replicas:  # control (abort, flush, info, load, profile): every replica

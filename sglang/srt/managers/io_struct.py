@@ -96,6 +96,11 @@ class TokenizedGenerateReqInput:
     grammar_start_after: int | None = None
     routed_dp_rank: int | None = None  # checked against --dp-size; None: the load balancer picks
     custom_logit_processor: str | None = None  # checked where it entered (it unpickles to a class)
+    # --language-only with zmq_to_scheduler (EPD): the mm_items whose embeddings encoders push to scheduler rank 0,
+    # which holds the request (no KV) until they are all there; how long it held it; why it gave up (503)
+    epd_pending_items: tuple[int, ...] = ()
+    epd_wait_ms: float = 0.0
+    epd_error: str | None = None
 
 
 @dataclass

@@ -112,7 +112,8 @@ class RequestBuilder:
             self.processor = get_processor_class(archs, model_type).from_pretrained(
                 model_path, self.tokenizer, allowed_local_media_path=server_args.allowed_local_media_path
             )
-            self.processor.deferred_jpeg = deferred_decode_enabled(server_args.resolved_device())  # gpu-jpeg-decode
+            # gpu-jpeg-decode; --language-only: plain JPEGs travel to the encoders compressed, decoded there
+            self.processor.deferred_jpeg = server_args.language_only or deferred_decode_enabled(server_args.resolved_device())
             self.processor.uint8_pixels = envs.SGLANG_MM_UINT8_PIXELS.get()  # mm-uint8-pixels
             self.processor.video_limits = VideoLimits(max_frame_pixels=envs.SGLANG_VIDEO_MAX_FRAME_PIXELS.get(),
                                                       max_duration_s=envs.SGLANG_VIDEO_MAX_SECONDS.get(),
@@ -130,12 +131,15 @@ class RequestBuilder:
         if self.processor is not None:
             self.processor.tokenizer_lock = self.lanes.lock  # it tokenizes video timestamps
         # shared-memory transport: pixels go to /dev/shm here; the request carries pointers only
-        self.shm_prefix = segment_prefix(server_args.port) if use_shm_transport(server_args) else None
+        # (--language-only: the pixels go to the encoders, the scheduler gets none)
+        epd = server_args.language_only
+        self.shm_prefix = segment_prefix(server_args.port) if use_shm_transport(server_args) and not epd else None
         self.unsent_shm: dict[str, tuple[list[str], float]] = {}  # rid -> (segment names, time built)
         self.shm_fallback_count = 0  # requests sent inline because /dev/shm was full
-        self.ipc = make_sender(server_args)  # --mm-feature-transport cuda_ipc: the GPU feature pool
+        self.ipc = None if epd else make_sender(server_args)  # --mm-feature-transport cuda_ipc: the GPU feature pool
         self._unsent_lock = threading.Lock()
-        self.precompute_hash = precompute_hash_enabled()  # SGLANG_MM_PRECOMPUTE_HASH
+        # SGLANG_MM_PRECOMPUTE_HASH; --language-only hashes here always (the encoders' cache key; no pixels later)
+        self.precompute_hash = precompute_hash_enabled() or epd
         self.hash_algo = configured_hash_algo()  # SGLANG_MM_HASH_ALGO
 
     def take_unsent_shm(self, rid: str) -> list[str]:
@@ -287,6 +291,9 @@ class RequestBuilder:
     def can_clone(self, tokenized: TokenizedGenerateReqInput) -> bool:
         """Whether `clone` may copy this built request: not when its features sit in the CUDA IPC pool
         (a pool slice has one owner; such copies are built again)."""
+        if tokenized.mm_inputs is not None and self.server_args.language_only:
+            # EPD: zmq_to_scheduler embeddings are addressed to one rid; each sample is sent to the encoders
+            return self.server_args.encoder_transfer_backend == "zmq_to_tokenizer"
         return self.ipc is None or tokenized.mm_inputs is None
 
     def clone(self, tokenized: TokenizedGenerateReqInput, payload: bytes, rid: str,

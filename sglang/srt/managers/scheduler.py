@@ -106,6 +106,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
             if port_args.dp_load_ipc_name:  # --dp-size > 1: live counts for the data-parallel controller
                 self.load_socket = ctx.socket(zmq.PUSH)
                 self.load_socket.connect(port_args.dp_load_ipc_name)
+            self.init_epd_receiver(server_args, port_args, ctx)  # --language-only: embeddings from encoders
 
     # ------------------------------------------------------------------ scheduling
     def get_next_batch_to_run(self) -> ScheduleBatch | None:

@@ -47,6 +47,8 @@ class SchedulerIOMixin:
     num_received_reqs = 0  # generation requests (and their prompt tokens) received since start
     num_received_tokens = 0
     _last_load_report: tuple | None = None
+    epd_rendezvous = None  # --language-only, zmq_to_scheduler, rank 0: requests waiting for their embeddings
+    epd_socket = None  # ... and at --dp-size 1 the tcp socket encoders push them to
 
     # ------------------------------------------------------------------ input
     @property
@@ -64,19 +66,46 @@ class SchedulerIOMixin:
     def is_idle(self) -> bool:
         return not (self.waiting or self.running or self.chunked_req or self.grammar_queue or self._launched)
 
+    def init_epd_receiver(self, server_args, port_args, ctx) -> None:
+        """Encoder disaggregation with zmq_to_scheduler: rank 0 holds requests until their embeddings came
+        (`EmbeddingRendezvous`); at --dp-size 1 it binds the endpoint encoders push them to (at --dp-size > 1
+        the data-parallel controller binds it and forwards them to the replica of their request)."""
+        if not server_args.language_only or server_args.encoder_transfer_backend != "zmq_to_scheduler":
+            return
+        from sglang.srt.disaggregation.encode_protocol import bind_endpoint
+        from sglang.srt.disaggregation.encode_receiver import EmbeddingRendezvous
+        from sglang.srt.environ import envs
+
+        self.epd_rendezvous = EmbeddingRendezvous(envs.SGLANG_ENCODER_TIMEOUT_S.get())
+        if server_args.dp_size == 1:
+            self.epd_socket = ctx.socket(zmq.PULL)
+            self.epd_socket.bind(bind_endpoint(port_args.epd_embedding_addr))
+
+    def _input_ready(self, timeout_ms: int) -> bool:
+        if self.epd_socket is None:
+            return bool(self.recv_socket.poll(timeout=timeout_ms))
+        poller = zmq.Poller()
+        poller.register(self.recv_socket, zmq.POLLIN)
+        poller.register(self.epd_socket, zmq.POLLIN)
+        return bool(poller.poll(timeout_ms))
+
     def recv_requests(self) -> list:
         """Rank 0 drains the tokenizer's socket; every rank gets the same list (TP broadcast)."""
         msgs = []
         if self.recv_socket is not None:
             # only grammars compiling: wait for input a little, not a busy loop, nor a whole second
             only_compiling = not (self.waiting or self.running or self.chunked_req) and bool(self.grammar_queue)
-            if (self.is_idle() or only_compiling) and not self.recv_socket.poll(timeout=5 if only_compiling else 1000):
+            held = bool(self.epd_rendezvous)  # requests waiting for embeddings: their deadlines need checks
+            if (self.is_idle() or only_compiling) and not self._input_ready(5 if only_compiling else 1000) \
+                    and not held:
                 return broadcast_pyobj([], self.tp)
             while True:
                 try:
                     msgs.append(self.recv_socket.recv_pyobj(zmq.NOBLOCK))
                 except zmq.ZMQError:
                     break
+            if self.epd_rendezvous is not None:
+                msgs = self._admit_epd(msgs)
         timing: dict = {}
         msgs = broadcast_pyobj(msgs, self.tp, timing=timing)
         wall_ms = timing["wall_ms"]
@@ -85,6 +114,16 @@ class SchedulerIOMixin:
             if isinstance(msg, TokenizedGenerateReqInput):
                 msg.tp_broadcast_ms = wall_ms  # the broadcast carrying this request (all of it)
         return msgs
+
+    def _admit_epd(self, msgs: list) -> list:
+        from sglang.srt.disaggregation.encode_protocol import EncodedEmbeddings
+
+        while self.epd_socket is not None:
+            try:
+                msgs.append(EncodedEmbeddings.from_frames(self.epd_socket.recv_multipart(zmq.NOBLOCK)))
+            except zmq.ZMQError:
+                break
+        return self.epd_rendezvous.admit(msgs)
 
     def _unwrap_shm_features(self, msgs: list) -> None:
         """Pixel data sent through shared memory is mapped only now, after the broadcast carried its
@@ -144,7 +183,12 @@ class SchedulerIOMixin:
         req.grammar_start_after = recv.grammar_start_after
         req.custom_logit_processor = recv.custom_logit_processor
         req.upstream_stages = frozenset(recv.stage_timings_ms)
+        if recv.epd_error:  # --language-only: its embeddings never reached rank 0
+            self.finish(req, FinishReason("abort", message=recv.epd_error, status_code=503))
+            return
         if self.stage_timer.enabled:
+            if recv.epd_wait_ms:
+                self.stage_timer.add(req.stage_timings_ms, "epd_wait", recv.epd_wait_ms)
             if recv.send_time:
                 self.stage_timer.add(req.stage_timings_ms, "recv", (time.time() - recv.send_time) * 1e3)
             self.stage_timer.add(req.stage_timings_ms, "broadcast", recv.tp_broadcast_ms)

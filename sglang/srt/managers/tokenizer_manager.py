@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.process import BaseProcess
 from typing import Any, AsyncIterator, Callable
 
+from sglang.srt.environ import envs
 from sglang.srt.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.data_parallel_messages import request_header
 from sglang.srt.managers.io_struct import AbortReq, FinishReason, GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
@@ -46,6 +47,8 @@ UNSENT_SHM_MAX_AGE_S = 30.0
 class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, TokenizerOutputMixin):
     dp_size = 1  # replicas answering each control request (set in __init__ from --dp-size)
     ids_only = False  # --skip-tokenizer-init: outputs carry output_ids and no text (set in __init__)
+    epd = None  # --language-only: the encoders' dispatcher (set in __init__)
+    epd_inbox = None
 
     def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: SchedulerReady | None = None):
         self.server_args = server_args
@@ -84,6 +87,14 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
         self._recv_sock = None
         self._on_child_death: Callable[[str], None] | None = None
         self._watch_stop = threading.Event()
+        if server_args.language_only:  # disaggregation/encode_receiver.py
+            from sglang.srt.disaggregation.encode_receiver import EmbeddingInbox, EncodeDispatcher
+
+            to_tokenizer = server_args.encoder_transfer_backend == "zmq_to_tokenizer"
+            self.epd_inbox = EmbeddingInbox() if to_tokenizer else None
+            self.epd = EncodeDispatcher(server_args.encoder_urls, server_args.encoder_transfer_backend,
+                                        port_args.epd_embedding_addr, envs.SGLANG_ENCODER_TIMEOUT_S.get(),
+                                        self.epd_inbox)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(
@@ -102,6 +113,12 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
         self._send_sock = self._zmq_ctx.socket(zmq.PUSH)
         self._send_sock.connect(self.port_args.scheduler_input_ipc_name)
         self._spawn(self._handle_loop())
+        if self.epd_inbox is not None:  # zmq_to_tokenizer: the encoders push embeddings here
+            from sglang.srt.disaggregation.encode_protocol import bind_endpoint
+
+            inbox_sock = self._zmq_ctx.socket(zmq.PULL)
+            inbox_sock.bind(bind_endpoint(self.port_args.epd_embedding_addr))
+            self._spawn(self.epd_inbox.run(inbox_sock))
         self._spawn(self._sweep_unsent_shm())
         self._on_child_death = on_child_death
         if child_processes:
@@ -119,6 +136,8 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
             state.error = ServerUnhealthyError("server is shutting down")
             state.event.set()
         self.rid_to_state.clear()
+        if self.epd is not None:
+            await self.epd.close()
         if self._zmq_ctx is not None:
             self._zmq_ctx.destroy(linger=0)
             self._zmq_ctx = None
@@ -207,13 +226,29 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
             checked = self.builder.check(obj, rid)
             # a grammar is not compiled here: the scheduler ranks compile it (once each) and answer a 400 naming
             # the problem; `check` did the cheap part (size limit, JSON parse, a grammar backend to compile it)
-            return await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
+            built = await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
+            if self.epd is not None and built[0].mm_inputs is not None:
+                built = await self._encode_remotely(built[0])
+            return built
         except BaseException as e:
             self._forget_preparing(rid)
             release_unsent(self.builder.take_unsent_shm(rid))  # built, then refused or cancelled: never sent
             if not isinstance(e, GenerateError):
                 self._raise_if_unhealthy()  # shut down under it (pool cancelled): 503, not a 500
             raise
+
+    async def _encode_remotely(self, tokenized: TokenizedGenerateReqInput) -> tuple[TokenizedGenerateReqInput, bytes]:
+        """--language-only: the items go to the encoders (400 for a bad item, 503 when none answers);
+        the request is pickled again without pixels (and, zmq_to_tokenizer, with the embeddings)."""
+        timings = await self.epd.encode(tokenized)
+        if self.stage_timer.enabled:
+            for stage, ms in timings.items():
+                self.stage_timer.add(tokenized.stage_timings_ms, stage, ms)
+            self.stage_timer.emit(tokenized.rid, timings, tuple(timings))
+        tokenized.send_time = time.time()
+        payload = await asyncio.get_running_loop().run_in_executor(
+            self._request_pool, pickle.dumps, tokenized, pickle.HIGHEST_PROTOCOL)
+        return tokenized, payload
 
     async def tokenize_requests(
         self, groups: list[list[GenerateReqInput]]

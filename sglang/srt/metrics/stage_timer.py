@@ -5,6 +5,11 @@ Stages, in pipeline order (ms each):
   video_decode      demuxing and decoding the sampled frames of the request's videos, summed (part of processor)
   video_preprocess  resizing, normalizing and patchifying those frames, summed (part of processor)
   hash         image content hashing (wherever it runs: scheduler in the baseline)
+  epd_encode   encoder disaggregation: the encoder servers' own time on this request's items (the
+               slowest encoder's, cache lookups and the vision tower)
+  epd_transfer encoder disaggregation: the tokenizer's wait for the encoders minus epd_encode (items
+               out over HTTP, embeddings back over ZMQ, retries on another encoder)
+  epd_wait     zmq_to_scheduler: how long scheduler rank 0 held the request for its embeddings
   send         pickling the request and handing it to ZMQ (tokenizer process)
   recv         from the start of `send` until the scheduler holds the request (transfer + unpickle)
   broadcast    the TP broadcast that delivered the request to every rank
@@ -27,7 +32,7 @@ import time
 from contextlib import contextmanager
 
 STAGES = (
-    "processor", "video_decode", "video_preprocess", "hash", "send", "recv", "broadcast", "vit_encode", "embed_merge", "llm_prefill", "first_token",
+    "processor", "video_decode", "video_preprocess", "hash", "epd_encode", "epd_transfer", "send", "epd_wait", "recv", "broadcast", "vit_encode", "embed_merge", "llm_prefill", "first_token",
     "decode",
 )
 

@@ -78,6 +78,21 @@ def _item_end(item) -> int:
     return max(e for _, e in item.offsets)
 
 
+def with_precomputed(encode_images: EncodeFn, device) -> EncodeFn:
+    """Items that arrive with their embeddings (`precomputed_embeddings`: encoder disaggregation) skip the
+    vision tower; the others go through it in one call, as before."""
+
+    def encode(items: list) -> list[torch.Tensor]:
+        if all(it.precomputed_embeddings is None for it in items):
+            return encode_images(items)
+        todo = [it for it in items if it.precomputed_embeddings is None]
+        encoded = iter(encode_images(todo) if todo else [])
+        return [torch.as_tensor(it.precomputed_embeddings).to(device) if it.precomputed_embeddings is not None
+                else next(encoded) for it in items]
+
+    return encode
+
+
 class MultimodalEmbedder:
     def __init__(self, cfg: MultimodalEmbedConfig = MultimodalEmbedConfig()):
         self.cfg = cfg
@@ -110,6 +125,7 @@ class MultimodalEmbedder:
     def embed(self, input_ids: torch.Tensor, forward_batch, embed_tokens: Callable[[torch.Tensor], torch.Tensor],
               encode_images: EncodeFn, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns (input embeddings (T, hidden), deepstack embeddings (T, hidden * k) or None)."""
+        encode_images = with_precomputed(encode_images, input_ids.device)
         if forward_batch.stage_timings is None:
             return self._embed(input_ids, forward_batch, embed_tokens, encode_images, hidden_size)
         touched = [i for i, _, _ in batch_image_spans(forward_batch)] if forward_batch.forward_mode.is_extend() else []

@@ -107,6 +107,9 @@ class MultimodalDataItem:
         model_specific_data: free-form extra per-item data for a model.
         pixel_norm: None for float32 pixel_values (the baseline); else how the uint8 ``feature``
             becomes them (SGLANG_MM_UINT8_PIXELS).
+        precomputed_embeddings: encoder disaggregation (``--language-only``): the vision tower's output
+            for this item, (tokens, out_hidden * (1 + deepstack)), computed by an encoder server; the
+            ``feature`` is then None. None everywhere else.
     """
 
     modality: Modality
@@ -118,6 +121,7 @@ class MultimodalDataItem:
     spatial_merge_size: int = 2
     model_specific_data: dict[str, Any] = field(default_factory=dict)
     pixel_norm: PixelNorm | None = None
+    precomputed_embeddings: Any = None
 
     @property
     def grid_thw(self) -> tuple[int, int, int]:

@@ -1,0 +1,215 @@
+"""The language side of EPD without servers: least-outstanding routing, retries on another encoder, 503 when
+every encoder failed (at once, no waiting), an encoder's 400 passed through, the tokenizer's inbox
+(zmq_to_tokenizer), scheduler rank 0's rendezvous (zmq_to_scheduler) and the data-parallel controller's
+embedding routes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from sglang.srt.disaggregation.encode_protocol import EncodedEmbeddings
+from sglang.srt.disaggregation.encode_receiver import (
+    EmbeddingInbox,
+    EmbeddingRendezvous,
+    EncodeDispatcher,
+    EncoderPool,
+    _EncoderRefused,
+)
+from sglang.srt.errors import GenerateError
+from sglang.srt.managers.data_parallel_controller import EmbeddingRouter
+from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem, MultimodalInputs
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _req(rid: str, grids=((1, 4, 4), (1, 8, 8), (1, 2, 2))) -> TokenizedGenerateReqInput:
+    items = [MultimodalDataItem(Modality.IMAGE, feature=torch.zeros(t * h * w, 4), image_grid_thw=g, hash=i + 1)
+             for i, g in enumerate(grids) for t, h, w in [g]]
+    return TokenizedGenerateReqInput(rid, [1, 2, 3], SamplingParams(), MultimodalInputs(items))
+
+
+# ----------------------------------------------------------------------------- routing
+def test_least_outstanding_work_spreads_one_requests_items():
+    pool = EncoderPool(["http://a", "http://b/"])
+    assert pool.urls == ["http://a", "http://b"]
+    plan = pool.assign([64, 16, 4, 16])
+    assert plan == {"http://a": [0], "http://b": [1, 2, 3]}  # largest first, each to the least loaded
+    pool.begin("http://a", 100)
+    assert pool.assign([4]) == {"http://b": [0]}
+    assert pool.pick() == "http://b"
+    pool.end("http://a", 100, ok=True)
+    assert pool.assign([4]) == {"http://a": [0]}  # ties go in list order
+
+
+def test_a_failed_encoder_is_skipped_for_its_cooloff():
+    clock = Clock()
+    pool = EncoderPool(["http://a", "http://b"], cooloff_s=5, clock=clock)
+    pool.begin("http://a", 1)
+    pool.end("http://a", 1, ok=False)
+    assert not pool.healthy("http://a") and pool.failures["http://a"] == 1
+    assert pool.assign([1, 1, 1]) == {"http://b": [0, 1, 2]}
+    assert pool.pick(exclude=["http://b"]) == "http://a"  # still tried when nothing else is left
+    clock.t = 5.0
+    assert pool.healthy("http://a") and set(pool.assign([1, 1])) == {"http://a", "http://b"}
+
+
+class FakeDispatcher(EncodeDispatcher):
+    """`_post` answered by a table: url -> 'ok' | 'down' | 'bad' (400); records the calls."""
+
+    def __init__(self, urls, behaviour, inbox=None, backend="zmq_to_scheduler", **kw):
+        super().__init__(urls, backend, "tcp://127.0.0.1:1", inbox=inbox, **kw)
+        self.behaviour = behaviour
+        self.calls: list[tuple[str, float]] = []
+
+    async def _post(self, url, body):
+        import pickle
+
+        self.calls.append((url, time.monotonic()))
+        await asyncio.sleep(0)
+        what = self.behaviour[url]
+        if what == "down":
+            raise ConnectionRefusedError("connection refused")
+        if what == "bad":
+            raise _EncoderRefused('{"error": {"message": "corrupt or truncated image data"}}')
+        req = pickle.loads(body)
+        if self.inbox is not None:
+            self.inbox.deliver(EncodedEmbeddings(req.rid, req.item_indices,
+                                                 [torch.full((2, 3), float(i)) for i in req.item_indices], 1.5))
+        return {"ok": True, "encode_ms": 1.5}
+
+
+def test_items_of_a_failed_encoder_go_to_another_and_the_request_waits_for_embeddings():
+    req = _req("r1")
+    d = FakeDispatcher(["http://a", "http://b"], {"http://a": "down", "http://b": "ok"})
+    timings = asyncio.run(d.encode(req))
+    assert {u for u, _ in d.calls} == {"http://a", "http://b"}
+    assert req.epd_pending_items == (0, 1, 2)  # zmq_to_scheduler: the scheduler waits for all three
+    assert all(it.feature is None and it.precomputed_embeddings is None for it in req.mm_inputs.mm_items)
+    assert timings["epd_encode"] == 1.5 and timings["epd_transfer"] >= 0
+    assert not d.pool.healthy("http://a") and d.pool.outstanding == {"http://a": 0, "http://b": 0}
+
+
+def test_zmq_to_tokenizer_attaches_the_embeddings():
+    req = _req("r2")
+
+    async def run():
+        d = FakeDispatcher(["http://a", "http://b"], {"http://a": "ok", "http://b": "ok"}, inbox=EmbeddingInbox(),
+                           backend="zmq_to_tokenizer")
+        await d.encode(req)
+        return d
+
+    d = asyncio.run(run())
+    assert len({u for u, _ in d.calls}) == 2  # spread over both
+    assert req.epd_pending_items == ()
+    for i, it in enumerate(req.mm_inputs.mm_items):
+        assert it.feature is None and torch.equal(it.precomputed_embeddings, torch.full((2, 3), float(i)))
+
+
+def test_every_encoder_down_is_a_503_at_once():
+    req = _req("r3")
+    d = FakeDispatcher(["http://a", "http://b", "http://c"], dict.fromkeys(["http://a", "http://b", "http://c"], "down"))
+    t0 = time.monotonic()
+    with pytest.raises(GenerateError) as e:
+        asyncio.run(d.encode(req))
+    assert e.value.status_code == 503 and "no encoder could encode" in e.value.message
+    assert time.monotonic() - t0 < 2
+    assert {u for u, _ in d.calls} == {"http://a", "http://b", "http://c"}
+    assert all(v == 0 for v in d.pool.outstanding.values())
+
+
+def test_an_encoders_400_is_the_requests_400_without_retries():
+    req = _req("r4", grids=((1, 4, 4),))
+    d = FakeDispatcher(["http://a", "http://b"], {"http://a": "bad", "http://b": "bad"})
+    with pytest.raises(GenerateError) as e:
+        asyncio.run(d.encode(req))
+    assert e.value.status_code == 400 and "corrupt" in e.value.message
+    assert len(d.calls) == 1 and d.pool.healthy("http://a")
+
+
+def test_embeddings_that_never_arrive_are_a_503_within_the_timeout():
+    class Silent(FakeDispatcher):
+        async def _post(self, url, body):
+            return {"ok": True, "encode_ms": 0.0}
+
+    async def run():
+        d = Silent(["http://a"], {}, inbox=EmbeddingInbox(), backend="zmq_to_tokenizer", timeout_s=0.2)
+        await d.encode(_req("r5"))
+
+    with pytest.raises(GenerateError) as e:
+        asyncio.run(run())
+    assert e.value.status_code == 503 and "did not arrive" in e.value.message
+
+
+# ----------------------------------------------------------------------------- scheduler rank 0 (zmq_to_scheduler)
+def _pending(rid: str, n: int = 2) -> TokenizedGenerateReqInput:
+    req = _req(rid, grids=((1, 2, 2),) * n)
+    req.epd_pending_items = tuple(range(n))
+    for it in req.mm_inputs.mm_items:
+        it.feature = None
+    return req
+
+
+def _emb(rid, idx):
+    return EncodedEmbeddings(rid, list(idx), [torch.full((1, 2), float(i)) for i in idx])
+
+
+def test_rendezvous_holds_a_request_until_all_its_embeddings_came_in_any_order():
+    clock = Clock()
+    rv = EmbeddingRendezvous(wait_s=10, clock=clock)
+    other = TokenizedGenerateReqInput("text", [1], SamplingParams())
+    early = _emb("a", [1])
+    assert rv.admit([early, _pending("a"), other]) == [other]  # not held up by "a"
+    assert len(rv) == 1
+    clock.t = 0.5
+    out = rv.admit([_emb("a", [0])])
+    assert [m.rid for m in out] == ["a"] and len(rv) == 0
+    a = out[0]
+    assert a.epd_pending_items == () and a.epd_error is None and a.epd_wait_ms == pytest.approx(500)
+    assert [float(it.precomputed_embeddings[0, 0]) for it in a.mm_inputs.mm_items] == [0.0, 1.0]
+
+
+def test_rendezvous_gives_up_after_its_deadline_and_forgets_strays():
+    clock = Clock()
+    rv = EmbeddingRendezvous(wait_s=2, ttl_s=5, clock=clock)
+    assert rv.admit([_pending("b"), _emb("b", [0]), _emb("stray", [0])]) == []
+    clock.t = 2.0
+    (b,) = rv.admit([])
+    assert b.rid == "b" and "1 item(s) did not reach the scheduler within 2 s" in b.epd_error
+    clock.t = 6.0
+    rv.admit([])
+    assert rv.arrived == {} and len(rv) == 0
+
+
+def test_an_abort_releases_a_held_request():
+    rv = EmbeddingRendezvous()
+    rv.admit([_pending("c")])
+    abort = AbortReq("c")
+    assert rv.admit([abort]) == [abort] and len(rv) == 0
+
+
+# ----------------------------------------------------------------------------- data-parallel controller
+def test_embeddings_follow_their_request_to_its_replica():
+    clock = Clock()
+    router = EmbeddingRouter(max_routes=2, ttl_s=10, clock=clock)
+    assert router.on_embeddings("r1", b"e1") is None  # before its request: kept
+    assert router.on_request("r1", 1) == [b"e1"]  # sent ahead of the request
+    assert router.on_embeddings("r1", b"e2") == 1
+    router.on_request("r2", 0)
+    router.on_request("r3", 0)
+    assert "r1" not in router.routes  # bounded
+    router.on_embeddings("lost", b"x")
+    clock.t = 11
+    router.expire()
+    assert router.early == {}
