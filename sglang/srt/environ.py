@@ -109,6 +109,9 @@ envs.add("SGLANG_VLM_CACHE_SIZE_MB", 100.0, float, "Byte budget (MiB) of the vis
 envs.add("SGLANG_ENCODER_TIMEOUT_S", 60.0, float,
          "--language-only (EPD): longest one encoder call may take (then its items go to another encoder), and "
          "longest scheduler rank 0 holds a zmq_to_scheduler request for its embeddings (then 503).")
+envs.add("SGLANG_EPD_EMBEDDING_PORT", 0, int,
+         "--language-only (EPD): the TCP port encoders push embeddings to on this host (0: a free port picked at "
+         "start-up; fix it where a firewall or NetworkPolicy lists the ports encoders may reach).")
 envs.add("SGLANG_MM_SHM_TRANSPORT", True, _parse_bool,
          "With --mm-feature-transport cpu and every rank on one host, pixel data crosses processes in POSIX shared "
          "memory and requests carry metadata only (0: baseline, pixels pickled inside the request and the TP broadcast).")

@@ -76,4 +76,6 @@ def _epd_embedding_addr(server_args) -> str:
             host = socket.gethostbyname(socket.gethostname())
         except OSError:
             host = "127.0.0.1"
-    return f"tcp://{host}:{pick_unused_port()}"
+    from sglang.srt.environ import envs
+
+    return f"tcp://{host}:{envs.SGLANG_EPD_EMBEDDING_PORT.get() or pick_unused_port()}"

@@ -99,7 +99,7 @@ class TokenizedGenerateReqInput:
     # --language-only with zmq_to_scheduler (EPD): the mm_items whose embeddings encoders push to scheduler rank 0,
     # which holds the request (no KV) until they are all there; how long it held it; why it gave up (503)
     epd_pending_items: tuple[int, ...] = ()
-    epd_wait_ms: float = 0.0
+    epd_wait_ms: float | None = None
     epd_error: str | None = None
 
 

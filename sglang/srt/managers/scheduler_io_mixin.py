@@ -187,7 +187,7 @@ class SchedulerIOMixin:
             self.finish(req, FinishReason("abort", message=recv.epd_error, status_code=503))
             return
         if self.stage_timer.enabled:
-            if recv.epd_wait_ms:
+            if recv.epd_wait_ms is not None:
                 self.stage_timer.add(req.stage_timings_ms, "epd_wait", recv.epd_wait_ms)
             if recv.send_time:
                 self.stage_timer.add(req.stage_timings_ms, "recv", (time.time() - recv.send_time) * 1e3)
