@@ -213,3 +213,66 @@ def test_embeddings_follow_their_request_to_its_replica():
     clock.t = 11
     router.expire()
     assert router.early == {}
+
+
+# ----------------------------------------------------------------------------- the real HTTP client
+def test_http_5xx_timeouts_and_refused_connections_move_items_on(tmp_path):
+    """EncodeDispatcher._post against live aiohttp servers: a 500, one that hangs past the timeout, a closed
+    port; the last encoder answers. Then every one failing: 503 naming each, as soon as the slowest failed."""
+    from aiohttp import web
+
+    from sglang.srt.utils.network import pick_unused_port
+
+    async def run():
+        hits: dict[str, int] = {}
+        release = asyncio.Event()  # the hanging encoder answers only at the end
+
+        def app(kind: str) -> web.Application:
+            async def encode(request):
+                hits[kind] = hits.get(kind, 0) + 1
+                await request.read()
+                if kind == "500":
+                    return web.Response(status=500, text="boom")
+                if kind == "hang":
+                    await release.wait()
+                return web.json_response({"ok": True, "encode_ms": 2.0})
+
+            a = web.Application()
+            a.router.add_post("/encode", encode)
+            return a
+
+        runners, urls = [], {}
+        for kind in ("500", "hang", "ok"):
+            runner = web.AppRunner(app(kind))
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            urls[kind] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        closed = f"http://127.0.0.1:{pick_unused_port()}"
+        try:
+            order = [urls["500"], urls["hang"], closed, urls["ok"]]
+            d = EncodeDispatcher(order, "zmq_to_scheduler", "tcp://127.0.0.1:1", timeout_s=0.5)
+            # every item to the 500 first: the others are reached only through retries
+            d.pool.outstanding.update({urls["hang"]: 1, closed: 2, urls["ok"]: 3})
+            req = _req("h1", grids=((1, 2, 2),))
+            await d.encode(req)
+            assert req.epd_pending_items == (0,)
+            assert hits == {"500": 1, "hang": 1, "ok": 1}
+            assert not d.pool.healthy(urls["500"]) and not d.pool.healthy(closed) and d.pool.healthy(urls["ok"])
+            await d.close()
+
+            d = EncodeDispatcher([urls["500"], urls["hang"], closed], "zmq_to_scheduler", "tcp://127.0.0.1:1",
+                                 timeout_s=0.5)
+            t0 = time.monotonic()
+            with pytest.raises(GenerateError) as e:
+                await d.encode(_req("h2", grids=((1, 2, 2),)))
+            assert time.monotonic() - t0 < 3
+            assert e.value.status_code == 503 and "3 tried" in e.value.message and "HTTP 500" in e.value.message
+            await d.close()
+        finally:
+            release.set()
+            for r in runners:
+                await r.cleanup()
+
+    asyncio.run(run())
