@@ -35,6 +35,9 @@ from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
+PUSH_TIMEOUT_MS = 10_000  # longest a push waits for the language server's socket (then a 500: retried elsewhere)
+MAX_PUSH_SOCKETS = 64
+
 
 class EncoderEngine:
     """The vision tower, its embedding cache and the ZMQ sockets embeddings leave on. Thread-confined:
@@ -59,7 +62,8 @@ class EncoderEngine:
         self.cache = ImageEmbeddingCache(int(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 2**20))
         self.address = f"http://{server_args.host}:{server_args.port}"
         self._zmq = zmq.Context(1)
-        self._sockets: dict[str, object] = {}
+        self._sockets: dict[str, object] = {}  # reply_to -> PUSH socket, least recently used first
+        self.push_timeout_ms = PUSH_TIMEOUT_MS
         self.num_requests = 0
         self.num_encoded = 0
         self.num_cached = 0
@@ -67,13 +71,27 @@ class EncoderEngine:
     def _socket(self, addr: str):
         import zmq
 
-        sock = self._sockets.get(addr)
+        sock = self._sockets.pop(addr, None)
         if sock is None:
             sock = self._zmq.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 5000)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only on a live connection: a dead peer is an error, not a backlog
+            sock.setsockopt(zmq.SNDTIMEO, self.push_timeout_ms)
             sock.connect(addr)
-            self._sockets[addr] = sock
+        self._sockets[addr] = sock  # most recently used last
+        while len(self._sockets) > MAX_PUSH_SOCKETS:  # language servers that went away (new ports)
+            self._sockets.pop(next(iter(self._sockets))).close(linger=0)
         return sock
+
+    def _push(self, addr: str, frames: list) -> None:
+        import zmq
+
+        try:
+            self._socket(addr).send_multipart(frames, copy=False)
+        except zmq.Again:
+            self._sockets.pop(addr).close(linger=0)
+            raise RuntimeError(f"could not push the embeddings to {addr} within {self.push_timeout_ms} ms "
+                               "(is the language server up, and its embedding port reachable from here?)") from None
 
     def encode(self, req: EncodeRequest) -> EncodedEmbeddings:
         """The request's embeddings (CPU), from the cache or the tower. Raises ValueError for a bad item."""
@@ -103,7 +121,7 @@ class EncoderEngine:
 
     def encode_and_push(self, req: EncodeRequest) -> dict:
         msg = self.encode(req)
-        self._socket(req.reply_to).send_multipart(msg.frames(), copy=False)
+        self._push(req.reply_to, msg.frames())
         return {"ok": True, "rid": req.rid, "items": len(req.items), "cached": msg.cached,
                 "encode_ms": round(msg.encode_ms, 3)}
 

@@ -125,3 +125,15 @@ def test_a_corrupt_jpeg_is_a_400_and_the_encoder_serves_on(encoder, items):
     assert r.json()["error"]["type"] == "invalid_request_error"
     assert requests.post(url + ENCODE_PATH, data=b"not a pickle", timeout=10).status_code == 400
     assert requests.get(url + "/health", timeout=10).status_code == 200
+
+
+def test_an_unreachable_reply_to_is_a_500_not_a_stuck_encoder(encoder, items):
+    from sglang.srt.utils.network import pick_unused_port
+
+    engine, url = encoder
+    engine.push_timeout_ms = 300
+    t0 = time.monotonic()
+    r = _post(url, EncodeRequest("lost", [0], [items[1]], f"tcp://127.0.0.1:{pick_unused_port()}"))
+    assert r.status_code == 500 and "could not push the embeddings" in r.text, r.text
+    assert time.monotonic() - t0 < 5
+    assert requests.get(url + "/health", timeout=10).status_code == 200
