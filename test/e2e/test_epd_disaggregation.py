@@ -78,6 +78,10 @@ def test_jpegs_travel_compressed_and_answer_the_same(epd, hf_ref):
     assert got["output_ids"] == want
     after = encoder_requests(epd["a"]), encoder_requests(epd["b"])
     assert after[0] > before[0] and after[1] > before[1], "one request's images spread over both encoders"
+    info = requests.get(epd["lang"].url + "/get_server_info", timeout=10).json()
+    assert info["encoder_transfer_backend"] == "zmq_to_scheduler"
+    assert {u: (e["outstanding_patches"], e["healthy"]) for u, e in info["encoders"].items()} == {
+        epd["a"].url: (0, True), epd["b"].url: (0, True)}
     timings = got["meta_info"]["stage_timings_ms"]
     assert timings["epd_encode"] > 0 and "epd_transfer" in timings and "llm_prefill" in timings
     assert generate(epd["lang_tok"], text, data)["output_ids"] == want

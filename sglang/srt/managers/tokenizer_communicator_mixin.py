@@ -58,6 +58,9 @@ class TokenizerCommunicatorMixin:
         info["mm_uint8_pixels"] = bool(getattr(getattr(self.builder, "processor", None), "uint8_pixels", False))
         if getattr(self.builder, "ipc", None) is not None:
             info.update(self.builder.ipc.stats())
+        if getattr(self, "epd", None) is not None:  # --language-only: each encoder's work in flight and failures
+            info["encoders"] = self.epd.pool.stats()
+            info["encoder_transfer_backend"] = self.epd.backend
         return info
 
     async def profile(self, req: ProfileReq, timeout: float = CONTROL_TIMEOUT_S) -> ProfileReqOutput:
