@@ -150,6 +150,10 @@ def test_an_encoder_killed_under_load_loses_no_request(epd, hf_ref):
         outs = [f.result(timeout=120) for f in futures]
     assert all(len(o["output_ids"]) == 4 for o in outs)
     a.proc.wait(10)
+    # one more: a dead encoder that did not fail a call yet is first in line (idle, listed first), so it fails now
+    assert generate(lang, text, [png_bytes(noise_image(96, 96, 999))], 2)["output_ids"]
+    info = requests.get(lang.url + "/get_server_info", timeout=10).json()["encoders"]
+    assert info[a.url]["failures"] >= 1 and info[a.url]["outstanding_patches"] == 0, info
 
 
 def test_with_every_encoder_dead_images_get_503_fast_and_text_answers(epd):
