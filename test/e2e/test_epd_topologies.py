@@ -2,7 +2,8 @@
 --tp-size 2 (gloo; rank 0 receives the embeddings and the TP broadcast carries them to rank 1), one at
 --dp-size 2 (the data-parallel controller routes each request's embeddings to the replica it picked, also
 when they arrive first), both through zmq_to_scheduler and zmq_to_tokenizer, and sglang-router in front of
-the two (the router only sees language servers). Greedy output equals transformers' everywhere."""
+the two (the router only sees language servers); and Qwen2.5-VL (windowed tower, no deepstack rows) through
+an encoder. Greedy output equals transformers' everywhere."""
 
 from __future__ import annotations
 
@@ -72,3 +73,29 @@ def test_router_in_front_of_language_servers(topo, hf_ref, tmp_path):
         assert text.status_code == 200
     finally:
         router.close()
+
+
+def test_qwen25_vl_through_an_encoder_equals_transformers(tiny_model_dir, tmp_path_factory):
+    """The other family (windowed ViT, no deepstack rows) through one encoder, both backends."""
+    from conftest import HFReference, ServerProcess
+
+    path = tiny_model_dir("qwen2.5-vl-tiny")
+    started = []
+
+    def launch(*args):
+        s = ServerProcess(path, tmp_path_factory.mktemp("epd-q25"), list(args))
+        started.append(s)
+        return s.wait_healthy()
+
+    try:
+        enc = launch("--encoder-only")
+        langs = [launch("--language-only", "--encoder-urls", enc.url, "--encoder-transfer-backend", b)
+                 for b in ("zmq_to_scheduler", "zmq_to_tokenizer")]
+        hf = HFReference(path)
+        for lang in langs:
+            for seeds in ([5], [6, 7]):
+                out, ref = _ask(lang.url, hf, seeds)
+                assert out["output_ids"] == ref, seeds
+    finally:
+        for s in started:
+            s.close()
