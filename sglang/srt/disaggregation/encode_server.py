@@ -13,8 +13,8 @@ LM head, no KV cache; the checkpoint's text tensors are never read) and answers:
   acknowledgement. A bad item is a 400 naming it; the language server answers its client 400 too.
 - `GET /get_server_info`, `/get_model_info`: the cache's counters, the encoded item counts, the model.
 
-One request's items are encoded in one call, requests one after another on one worker thread (the
-tower is the bottleneck; concurrent HTTP calls queue there).
+One worker thread runs the tower (`EncodeBatcher`): the requests that arrived while it was busy go through
+it together in its next call, their misses deduplicated by hash; a request with a bad item fails alone.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 import pickle
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 from fastapi import FastAPI, Request
@@ -41,7 +41,7 @@ MAX_PUSH_SOCKETS = 64
 
 class EncoderEngine:
     """The vision tower, its embedding cache and the ZMQ sockets embeddings leave on. Thread-confined:
-    call `encode` from one thread at a time (the server's worker thread)."""
+    call `encode` / `encode_batch` from one thread at a time (the batcher's worker thread)."""
 
     def __init__(self, server_args: ServerArgs):
         import zmq
@@ -67,6 +67,7 @@ class EncoderEngine:
         self.num_requests = 0
         self.num_encoded = 0
         self.num_cached = 0
+        self.num_batches = 0  # tower calls
 
     def _socket(self, addr: str):
         import zmq
@@ -93,40 +94,74 @@ class EncoderEngine:
             raise RuntimeError(f"could not push the embeddings to {addr} within {self.push_timeout_ms} ms "
                                "(is the language server up, and its embedding port reachable from here?)") from None
 
-    def encode(self, req: EncodeRequest) -> EncodedEmbeddings:
-        """The request's embeddings (CPU), from the cache or the tower. Raises ValueError for a bad item."""
-        start = time.perf_counter()
-        out: list[torch.Tensor | None] = [None] * len(req.items)
-        misses = []
-        for k, item in enumerate(req.items):
-            hit = self.cache.get_image(item.hash) if item.hash is not None else None
-            if hit is not None:
-                out[k] = hit
-            else:
-                misses.append(k)
-        if misses:
-            todo = [_decoded(req.items[k]) for k in misses]  # a broken JPEG: ValueError (400) here
+    def encode_batch(self, reqs: list[EncodeRequest], queued_at: list[float] | None = None) -> list:
+        """Each request's EncodedEmbeddings (CPU), or the ValueError / OSError of its bad item (that request
+        alone fails). Cache hits are served as they are; the misses of all the requests, deduplicated by
+        hash, go through the tower in one call. `encode_ms` of a request counts from `queued_at` (its arrival
+        in the batcher's queue) to the end of the call."""
+        out: list[list] = []
+        results: list = [None] * len(reqs)
+        todo: dict = {}  # hash (or a per-item key) -> the decoded item
+        wants: list[list[tuple[int, object]]] = []
+        for r, req in enumerate(reqs):
+            row, want, mine = [None] * len(req.items), [], {}
+            try:
+                for k, item in enumerate(req.items):
+                    hit = self.cache.get_image(item.hash) if item.hash is not None else None
+                    if hit is not None:
+                        row[k] = hit
+                        continue
+                    key = item.hash if item.hash is not None else ("unhashed", r, k)
+                    if key not in todo and key not in mine:
+                        mine[key] = _decoded(item)  # a broken JPEG: ValueError (this request's 400)
+                    want.append((k, key))
+            except (ValueError, OSError) as e:
+                results[r] = e
+                row, want, mine = None, [], {}
+            todo.update(mine)
+            out.append(row)
+            wants.append(want)
+        encoded: dict = {}
+        if todo:
             with torch.inference_mode():
-                embs = self.model.get_image_feature(todo)
-            for k, emb in zip(misses, embs):
-                emb = emb.to("cpu").contiguous()
-                out[k] = emb
-                if req.items[k].hash is not None:
-                    self.cache.put_image(req.items[k].hash, emb)
-        self.num_requests += 1
-        self.num_encoded += len(misses)
-        self.num_cached += len(req.items) - len(misses)
-        return EncodedEmbeddings(req.rid, list(req.item_indices), out, (time.perf_counter() - start) * 1e3,
-                                 len(req.items) - len(misses), self.address)
+                embs = self.model.get_image_feature(list(todo.values()))
+            for key, emb in zip(todo, embs):
+                encoded[key] = emb.to("cpu").contiguous()
+                if not (isinstance(key, tuple) and key and key[0] == "unhashed"):
+                    self.cache.put_image(key, encoded[key])
+            self.num_batches += 1
+        self.num_encoded += len(todo)
+        now = time.perf_counter()
+        for r, req in enumerate(reqs):
+            if results[r] is not None:
+                continue
+            row = out[r]
+            for k, key in wants[r]:
+                row[k] = encoded[key]
+            cached = len(req.items) - len(wants[r])
+            self.num_requests += 1
+            self.num_cached += cached
+            start = queued_at[r] if queued_at else now
+            results[r] = EncodedEmbeddings(req.rid, list(req.item_indices), row, (now - start) * 1e3, cached,
+                                           self.address)
+        return results
 
-    def encode_and_push(self, req: EncodeRequest) -> dict:
-        msg = self.encode(req)
+    def encode(self, req: EncodeRequest) -> EncodedEmbeddings:
+        """One request alone (raises ValueError / OSError for a bad item)."""
+        start = time.perf_counter()
+        (res,) = self.encode_batch([req], [start])
+        if isinstance(res, Exception):
+            raise res
+        return res
+
+    def push(self, req: EncodeRequest, msg: EncodedEmbeddings) -> dict:
         self._push(req.reply_to, msg.frames())
         return {"ok": True, "rid": req.rid, "items": len(req.items), "cached": msg.cached,
                 "encode_ms": round(msg.encode_ms, 3)}
 
     def stats(self) -> dict:
         return {"role": "encoder", "model_path": self.model_path, "num_requests": self.num_requests,
+                "num_tower_calls": self.num_batches,
                 "num_encoded_items": self.num_encoded, "num_cached_items": self.num_cached,
                 "mm_embedding_cache_bytes": self.cache.current_bytes, "mm_embedding_cache_hits": self.cache.hits,
                 "mm_embedding_cache_misses": self.cache.misses}
@@ -153,14 +188,62 @@ def _error(message: str, status: int):
     return JSONResponse({"error": {"message": message, "type": err_type, "code": status}}, status_code=status)
 
 
+class EncodeBatcher:
+    """One worker thread in front of the tower: requests that arrived while it was busy are encoded together
+    in its next call (at most `max_batch`), then each request's embeddings are pushed and its future set."""
+
+    def __init__(self, engine: EncoderEngine, max_batch: int = 32):
+        self.engine = engine
+        self.max_batch = max_batch
+        self._cv = threading.Condition()
+        self._queue: list[tuple[EncodeRequest, float, Future]] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="sglang-encoder", daemon=True)
+        self._thread.start()
+
+    def submit(self, req: EncodeRequest) -> Future:
+        fut: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the encoder is shutting down")
+            self._queue.append((req, time.perf_counter(), fut))
+            self._cv.notify()
+        return fut
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            for _, _, fut in self._queue:
+                fut.set_exception(RuntimeError("the encoder is shutting down"))
+            self._queue.clear()
+            self._cv.notify()
+        self._thread.join(10)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+            try:
+                results = self.engine.encode_batch([r for r, _, _ in batch], [t for _, t, _ in batch])
+            except Exception as e:  # the tower itself failed: every request of the call
+                logger.exception("encoding %d request(s) failed", len(batch))
+                results = [e] * len(batch)
+            for (req, _, fut), res in zip(batch, results):
+                try:
+                    if isinstance(res, Exception):
+                        raise res
+                    fut.set_result(self.engine.push(req, res))
+                except Exception as e:
+                    fut.set_exception(e)
+
+
 def create_encoder_app(engine: EncoderEngine):
     app = FastAPI()
-    worker = ThreadPoolExecutor(1, thread_name_prefix="sglang-encoder")
-    lock = threading.Lock()
-
-    def run(req: EncodeRequest) -> dict:
-        with lock:
-            return engine.encode_and_push(req)
+    batcher = EncodeBatcher(engine)
 
     @app.get("/health")
     async def health():
@@ -187,14 +270,14 @@ def create_encoder_app(engine: EncoderEngine):
         except Exception as e:
             return _error(f"malformed encode request: {type(e).__name__}: {e}", 400)
         try:
-            return await asyncio.get_running_loop().run_in_executor(worker, run, req)
+            return await asyncio.wrap_future(batcher.submit(req))
         except (ValueError, OSError) as e:  # a bad image (undecodable, wrong size): the request's fault
             return _error(f"{type(e).__name__}: {e}", 400)
         except Exception as e:
             logger.exception("encoding request %s failed", req.rid)
             return _error(f"encoder failed: {type(e).__name__}: {e}", 500)
 
-    app.state.worker = worker
+    app.state.batcher = batcher
     return app
 
 
@@ -213,6 +296,6 @@ def launch_encoder_server(server_args: ServerArgs) -> int:
     try:
         uvicorn.Server(config).run()
     finally:
-        app.state.worker.shutdown(wait=False, cancel_futures=True)
+        app.state.batcher.close()
         engine.close()
     return 0

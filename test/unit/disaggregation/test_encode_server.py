@@ -137,3 +137,30 @@ def test_an_unreachable_reply_to_is_a_500_not_a_stuck_encoder(encoder, items):
     assert r.status_code == 500 and "could not push the embeddings" in r.text, r.text
     assert time.monotonic() - t0 < 5
     assert requests.get(url + "/health", timeout=10).status_code == 200
+
+
+def test_requests_queued_together_share_one_tower_call_and_fail_alone(encoder, items):
+    import copy
+
+    engine, _ = encoder
+    engine.cache.clear()
+    calls = []
+    tower = engine.model.get_image_feature
+    engine.model.get_image_feature = lambda its: calls.append(len(its)) or tower(its)
+    try:
+        bad = copy.deepcopy(items[0])
+        bad.feature.data = bad.feature.data[: len(bad.feature.data) // 3] + b"\x00" * 32
+        bad.hash = 777
+        reqs = [EncodeRequest("x", [0, 1], [items[0], items[1]], ""),
+                EncodeRequest("bad", [0], [bad], ""),
+                EncodeRequest("y", [3, 4], [items[1], items[2]], "")]
+        x, err, y = engine.encode_batch(reqs)
+        assert calls == [3]  # items 0, 1, 2 once each: item 1 is shared by x and y
+        assert isinstance(err, ValueError)
+        assert x.rid == "x" and y.rid == "y" and x.cached == y.cached == 0
+        assert torch.equal(x.embeddings[1], y.embeddings[0])
+        alone = [engine.encode(EncodeRequest("z", [0], [it], "")) for it in items]  # now all cached
+        assert calls == [3] and all(a.cached == 1 for a in alone)
+        assert torch.equal(alone[2].embeddings[0], y.embeddings[1])
+    finally:
+        engine.model.get_image_feature = tower
