@@ -3,7 +3,7 @@
 --dp-size 2 (the data-parallel controller routes each request's embeddings to the replica it picked, also
 when they arrive first), both through zmq_to_scheduler and zmq_to_tokenizer, and sglang-router in front of
 the two (the router only sees language servers); and Qwen2.5-VL (windowed tower, no deepstack rows) through
-an encoder. Greedy output equals transformers' everywhere."""
+an encoder, and the offline sglang.Engine as a language server. Greedy output equals transformers' everywhere."""
 
 from __future__ import annotations
 
@@ -99,3 +99,22 @@ def test_qwen25_vl_through_an_encoder_equals_transformers(tiny_model_dir, tmp_pa
     finally:
         for s in started:
             s.close()
+
+
+def test_offline_engine_as_a_language_server(topo, hf_ref, model_dir):
+    """sglang.Engine(language_only=True, encoder_urls=...) sends its images to the encoders like the server."""
+    import sglang
+    from conftest import CASES, TEST_DEVICE, build_case
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        engine = sglang.Engine(model_path=str(model_dir), dtype="float32", device=TEST_DEVICE, log_level="warning",
+                               max_total_tokens=2048, language_only=True,
+                               encoder_urls=tuple(e.url for e in topo["enc"]))
+    try:
+        _, tmpl, images = build_case(CASES["three_images_mixed_sizes"])
+        out = engine.generate(messages=tmpl, image_data=images,
+                              sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0})
+        assert out["output_ids"] == hf_ref.greedy("three_images_mixed_sizes", tmpl, images, MAX_NEW)
+    finally:
+        engine.shutdown()
