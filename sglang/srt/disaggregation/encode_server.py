@@ -57,6 +57,9 @@ class EncoderEngine:
         self.device = torch.device(server_args.resolved_device())
         vit = ViTStrategy.from_env(towers="vision")
         self.model = get_model(self.model_path, server_args.dtype, self.device, vit=vit)
+        if getattr(self.model, "visual", None) is None or not hasattr(self.model, "get_image_feature"):
+            raise ValueError(f"--encoder-only needs a vision-language model; {self.model_path} "
+                             f"({type(self.model).__name__}) has no vision tower")
         configure_vision_attention(self.model, server_args.resolved_attention_backends()[1],
                                    server_args.attention_fp32_precision)
         self.cache = ImageEmbeddingCache(int(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 2**20))
