@@ -33,19 +33,10 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_hash_serving_ab import full_res_tiny_model  # noqa: E402  the same full-resolution tiny model
 TOPOLOGIES = {"normal": 0, "1e+1l": 1, "2e+1l": 2}
 STAGES = ("processor", "epd_encode", "epd_transfer", "epd_wait", "vit_encode", "llm_prefill", "first_token")
-
-
-def full_res_tiny_model(out: Path) -> str:
-    from sglang.testing.make_model import make_model
-
-    path = Path(make_model("qwen3-vl-tiny", out, seed=0, progress=False))
-    cfg_path = path / "preprocessor_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["max_pixels"] = cfg["size"]["longest_edge"] = 16777216  # Qwen3-VL's own limit: no downscale
-    cfg_path.write_text(json.dumps(cfg, indent=2))
-    return str(path)
 
 
 class Server:
