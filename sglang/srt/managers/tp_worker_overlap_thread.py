@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -39,12 +40,16 @@ class LaunchedBatch:
 
 
 class OverlapWorkerThread:
+    """The forward thread holds only a weak reference to the worker and stops once this object is
+    collected, so a scheduler that goes away (tests, benchmarks) takes its model and KV pool with it."""
+
     def __init__(self, worker):
         self.worker = worker
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        device = worker.model_runner.device
-        self._thread = threading.Thread(target=self._run, args=(device,), name="sglang-forward", daemon=True)
+        self._thread = threading.Thread(target=_forward_loop, name="sglang-forward", daemon=True,
+                                        args=(self._queue, weakref.ref(worker), worker.model_runner.device))
         self._thread.start()
+        weakref.finalize(self, self._queue.put, _STOP)
 
     def launch(self, batch: ScheduleBatch, stage_timer_on: bool, after: LaunchedBatch | None) -> LaunchedBatch:
         """Queues the batch. Its forward inputs are read from the requests here, on the caller's thread;
@@ -65,23 +70,34 @@ class OverlapWorkerThread:
         self._queue.put(done.set)
         done.wait()
 
-    def _run(self, device: torch.device) -> None:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        while True:
-            item = self._queue.get()
-            if callable(item):
-                try:
-                    item()
-                except Exception:  # a release that failed leaks at most that request's rows; the loop goes on
-                    logger.exception("deferred worker call failed")
-                continue
-            launched, fb, stage_timer_on, wait = item
-            if not launched.future.set_running_or_notify_cancel():
-                continue
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+_STOP = object()
+
+
+def _forward_loop(items: queue.SimpleQueue, worker_ref, device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    while True:
+        item = items.get()
+        if item is _STOP:
+            return
+        if callable(item):
             try:
-                result = self.worker.forward_batch_generation(launched.batch, stage_timer_on, fb, wait)
-            except BaseException as e:  # handed to the scheduler, which fails the batch or exits
-                launched.future.set_exception(e)
-            else:
-                launched.future.set_result(result)
+                item()
+            except Exception:  # a release that failed leaks at most that request's rows; the loop goes on
+                logger.exception("deferred worker call failed")
+            continue
+        launched, fb, stage_timer_on, wait = item
+        worker = worker_ref()
+        if worker is None or not launched.future.set_running_or_notify_cancel():
+            continue
+        try:
+            result = worker.forward_batch_generation(launched.batch, stage_timer_on, fb, wait)
+        except BaseException as e:  # handed to the scheduler, which fails the batch or exits
+            launched.future.set_exception(e)
+        else:
+            launched.future.set_result(result)
+        del worker, item, launched, fb

@@ -188,3 +188,20 @@ def test_decode_steps_really_overlap(path):
     assert len(decodes) >= 5
     for seq in decodes[:-1]:  # each decode step is applied only after its successor was launched
         assert events.index(("launch", seq + 1, "DECODE")) < events.index(("apply", seq, "DECODE"))
+
+
+def test_the_forward_thread_ends_with_its_scheduler(path):
+    import gc
+    import weakref
+
+    s = InProcessScheduler(path)
+    s.submit(_text(10, 81), None, max_new_tokens=3, ignore_eos=True)
+    s.run_until_idle()
+    thread = s.sched._forward_thread._thread
+    worker = weakref.ref(s.sched.worker)
+    assert thread.is_alive()
+    del s
+    gc.collect()
+    assert worker() is None, "nothing keeps the model (and on a GPU its KV pool) alive"
+    thread.join(30)
+    assert not thread.is_alive()
