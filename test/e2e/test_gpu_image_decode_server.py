@@ -110,3 +110,25 @@ def test_prefix_cache_matches_same_jpeg_only(servers):
     other = _chat(deferred, msgs(51), 2)["usage"]
     assert second["prompt_tokens_details"]["cached_tokens"] >= first["prompt_tokens"] - 8
     assert other["prompt_tokens_details"]["cached_tokens"] < first["prompt_tokens"] - 8
+
+
+def test_a_jpeg_broken_past_its_header_is_a_400_every_time(servers):
+    """The tokenizer only read the header; the model process finds the scan data broken. The batch goes on
+    (the image is a blank stand-in there), the request ends with a 400 naming the image, and nothing computed
+    from the stand-in is cached: the same bytes again are a 400 again, not a prefix-cache hit."""
+    deferred, _ = servers
+    good = _jpeg(200, 150, 7)
+    mid = (good.find(b"\xff\xda") + len(good)) // 2
+    broken = good[:mid] + b"\xff\xc4\x00\x05\x77\x00\x00" + good[mid:]  # a bogus table inside the scan data
+    text = f"What is this ({uuid.uuid4().hex})?"
+    msgs = [{"role": "user", "content": [{"type": "text", "text": text},
+                                         {"type": "image_url", "image_url": {"url": data_url(broken, "image/jpeg")}}]}]
+    body = {"model": "default", "messages": msgs, "max_tokens": 4, "temperature": 0}
+    for _ in range(2):
+        r = requests.post(deferred.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 400, r.text
+        assert "image 0 could not be decoded" in r.text
+    info = requests.get(deferred.url + "/get_server_info", timeout=10).json()
+    assert info["image_decode_model"].get("decode error", 0) >= 2, info
+    assert info["available_kv_tokens"] == info["max_total_num_tokens"], info
+    _chat(deferred, _request("one_420")[0], 2)  # the server serves on

@@ -79,6 +79,7 @@ class Req:
         self.admitted = False
         self.extend_len = 0  # tokens this step prefills
         self.sent_len = 0  # output tokens already sent to the detokenizer
+        self.kv_cacheable = True  # False: computed from a stand-in input (an undecodable image), never cached
         self.tp_broadcast_ms = 0.0
         self.upstream_stages: frozenset[str] = frozenset()  # stage timings measured before the scheduler
 

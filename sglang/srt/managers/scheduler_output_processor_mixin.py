@@ -49,6 +49,9 @@ class SchedulerOutputProcessorMixin:
                 if req.is_prefilling():
                     self.chunked_req = req
                     continue
+                if req.to_abort is not None:  # ended by this step (e.g. an image that could not be decoded)
+                    self.finish(req, req.to_abort)
+                    continue
                 if req.output_ids:  # re-prefill after retraction: its next token is already known
                     self.running.append(req)
                     continue

@@ -17,6 +17,7 @@ from sglang.srt.layers.sampler import (
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import FinishReason
 from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.multimodal.deferred_decode import decode_failure
 from sglang.srt.multimodal.transport.cuda_ipc_budget import cuda_ipc_reserved_bytes
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
 from sglang.srt.sampling.custom_logit_processor import apply_custom_logit_processors
@@ -93,6 +94,8 @@ class TpModelWorker:
             self._resolve_future_tokens(fb, batch)
         self._last_sampled = None  # set again below; a failed step leaves nothing to resolve from
         out = runner.forward(fb)
+        if batch.mode.is_extend():
+            self._abort_undecodable(batch.reqs)
         if before_sampling is not None:
             before_sampling()
         reqs = batch.reqs
@@ -132,6 +135,18 @@ class TpModelWorker:
             logprobs = self._logprobs(logits, ids, params)
         input_logprobs = self._input_logprobs(out.input_logprobs) if out.input_logprobs is not None else []
         return ids.tolist(), fb.stage_totals or {}, logprobs, input_logprobs  # the step's device-to-host copies
+
+    @staticmethod
+    def _abort_undecodable(reqs) -> None:
+        """A deferred JPEG broken past its header was encoded as a blank image so the batch could go on: its
+        request ends with a 400 naming the image (alike on every rank: they decode the same bytes), and its
+        KV, computed from the stand-in, is never offered to the prefix cache."""
+        for r in reqs:
+            if r.mm_inputs is not None and r.to_abort is None:
+                message = decode_failure(r.mm_inputs)
+                if message is not None:
+                    r.kv_cacheable = False
+                    r.to_abort = FinishReason("abort", message=message, status_code=400)
 
     def _resolve_future_tokens(self, fb, batch: ScheduleBatch) -> None:
         """Decode rows whose input is the token the previous step sampled: copied on the device from that

@@ -88,18 +88,22 @@ class KVCacheManager:
 
     def release(self, req) -> None:
         """Gives the request's KV prefix to the radix tree (duplicates and the unaligned tail are
-        freed), unlocks its cached prefix and frees its request slot. Safe to call once per admission."""
+        freed), unlocks its cached prefix and frees its request slot. Safe to call once per admission. A
+        request whose KV is not `kv_cacheable` frees its own slots and gives the tree nothing."""
         if not req.admitted:
             return
         kv = req.kv_indices
-        key = req.fill_ids[: kv.numel()]
-        already = self.tree.insert(key, kv)
-        inserted = 0 if self.tree.disable else (len(key) // self.tree.page_size) * self.tree.page_size
-        # positions [cache_len, already) duplicate the tree's own slots; [inserted, end) were not taken
-        if already > req.cache_len:
-            self.allocator.free(kv[req.cache_len : already])
-        if inserted < kv.numel():
-            self.allocator.free(kv[max(inserted, req.cache_len) :])
+        if getattr(req, "kv_cacheable", True):
+            key = req.fill_ids[: kv.numel()]
+            already = self.tree.insert(key, kv)
+            inserted = 0 if self.tree.disable else (len(key) // self.tree.page_size) * self.tree.page_size
+            # positions [cache_len, already) duplicate the tree's own slots; [inserted, end) were not taken
+            if already > req.cache_len:
+                self.allocator.free(kv[req.cache_len : already])
+            if inserted < kv.numel():
+                self.allocator.free(kv[max(inserted, req.cache_len) :])
+        else:
+            self.allocator.free(kv[req.cache_len :])
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = -1

@@ -116,14 +116,18 @@ def materialize_pixels(items: list, device) -> torch.Tensor:
     decoded (batched) first, uint8 ones (SGLANG_MM_UINT8_PIXELS) normalized (`raw_pixels.item_pixels`)."""
     from sglang.srt.multimodal.raw_pixels import item_pixels
 
-    encoded = [it.feature for it in items if isinstance(it.feature, EncodedImage)]
-    decoded = iter(decode_images(encoded, device))
+    encoded = [it for it in items if isinstance(it.feature, EncodedImage)]
+    errors: dict[int, str] = {}
+    decoded = iter(decode_images([it.feature for it in encoded], device, errors))
+    for i, message in errors.items():
+        encoded[i].decode_error = message
     parts = [next(decoded) if isinstance(it.feature, EncodedImage) else item_pixels(it, device) for it in items]
     return torch.cat(parts, dim=0)
 
 
-def decode_images(encs: list[EncodedImage], device) -> list[torch.Tensor]:
-    """pixel_values (num_patches, C*T*P*P) float32 on `device` for each encoded image."""
+def decode_images(encs: list[EncodedImage], device, errors: dict[int, str] | None = None) -> list[torch.Tensor]:
+    """pixel_values (num_patches, C*T*P*P) float32 on `device` for each encoded image; one that cannot be
+    decoded is blank and its index -> reason goes to `errors`."""
     device = torch.device(device)
     out: list[torch.Tensor | None] = [None] * len(encs)
     if encs and device.type == "cuda":
@@ -135,18 +139,31 @@ def decode_images(encs: list[EncodedImage], device) -> list[torch.Tensor]:
             _note("no torchvision for nvJPEG")
     for i, enc in enumerate(encs):
         if out[i] is None:
-            out[i] = pil_pixels(enc).to(device)
+            out[i] = pil_pixels(enc, None if errors is None else (lambda m, i=i: errors.__setitem__(i, m))).to(device)
     return out  # type: ignore[return-value]
 
 
-def pil_pixels(enc: EncodedImage) -> torch.Tensor:
-    """The tokenizer path's own decode and preprocessing, run here: bit-identical pixel_values."""
+def pil_pixels(enc: EncodedImage, on_error=None) -> torch.Tensor:
+    """The tokenizer path's own decode and preprocessing, run here: bit-identical pixel_values. A JPEG
+    broken past its header gives a blank image (the batch goes on) and `on_error(reason)`."""
     try:
         return strict_pil_pixels(enc)
     except ImageLoadError as e:  # passed the header checks, broken inside the entropy-coded data
         _note("decode error")
-        logger.error("deferred image decode failed (%s); the image is encoded as blank", e)
+        logger.error("deferred image decode failed (%s); its request ends with a 400", e)
+        if on_error is not None:
+            on_error(str(e))
         return _blank(enc)
+
+
+def decode_failure(mm_inputs) -> str | None:
+    """The 400 message of a request one of whose deferred images could not be decoded, else None."""
+    if mm_inputs is None:
+        return None
+    for k, item in enumerate(mm_inputs.mm_items):
+        if item.decode_error is not None:
+            return f"image {k} could not be decoded: {item.decode_error}"
+    return None
 
 
 def strict_pil_pixels(enc: EncodedImage) -> torch.Tensor:

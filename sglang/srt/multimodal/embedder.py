@@ -162,7 +162,7 @@ class MultimodalEmbedder:
             if embeds is None:
                 embeds = encode_images(items)
                 self._encoded[forward_batch.rids[i]] += len(items)
-                if key is not None:
+                if key is not None and not any(it.decode_error for it in items):  # a blank stand-in: not cached
                     self.cache.put(key, embeds)
             for idx, r0, r1, p0 in spans:
                 rows.append(embeds[idx][r0:r1])
@@ -195,7 +195,7 @@ class MultimodalEmbedder:
                 item, rid = to_encode[key]
                 self._encoded[rid] += 1
                 found[key] = emb
-                if item.hash is not None:
+                if item.hash is not None and item.decode_error is None:  # a blank stand-in: not cached
                     self.cache.put_image(item.hash, emb)
 
         positions, rows = [], []
@@ -205,7 +205,10 @@ class MultimodalEmbedder:
             pending = self._pending.get(rid, {})
             for idx, r0, r1, p0 in spans:
                 item = mm.mm_items[idx]
-                emb = found[_item_key(item)]
+                key = _item_key(item)
+                if key in to_encode and item.decode_error is None:  # the same broken image in another request
+                    item.decode_error = to_encode[key][0].decode_error
+                emb = found[key]
                 rows.append(emb[r0:r1])
                 positions.append(torch.arange(starts[i] + p0, starts[i] + p0 + (r1 - r0)))
                 if _item_end(item) > pre + n:

@@ -110,6 +110,9 @@ class MultimodalDataItem:
         precomputed_embeddings: encoder disaggregation (``--language-only``): the vision tower's output
             for this item, (tokens, out_hidden * (1 + deepstack)), computed by an encoder server; the
             ``feature`` is then None. None everywhere else.
+        decode_error: set where the vision tower runs when a deferred JPEG (SGLANG_GPU_IMAGE_DECODE) turned
+            out broken past its header: the tower saw a blank image, the request ends with a 400 naming this,
+            and nothing computed from it is cached.
     """
 
     modality: Modality
@@ -122,6 +125,7 @@ class MultimodalDataItem:
     model_specific_data: dict[str, Any] = field(default_factory=dict)
     pixel_norm: PixelNorm | None = None
     precomputed_embeddings: Any = None
+    decode_error: str | None = None
 
     @property
     def grid_thw(self) -> tuple[int, int, int]:

@@ -214,3 +214,19 @@ def test_nvjpeg_close_to_pil(ss):
         d = (g.cpu() - ref).abs()
         psnr = 10 * torch.log10(4 / (d**2).mean())
         assert d.mean() <= 2 * level and psnr >= 30, (d.mean().item(), psnr.item())
+
+
+def test_an_undecodable_item_is_marked_and_its_request_gets_the_reason():
+    from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem, MultimodalInputs
+
+    data = bytearray(jpeg_bytes(128, 128))
+    good, bad = dd.defer_jpeg(bytes(data), QWEN3, None), dd.defer_jpeg(bytes(data), QWEN3, None)
+    mid = (data.find(b"\xff\xda") + len(data)) // 2
+    bad.data = bytes(data[:mid]) + b"\xff\xc4\x00\x05\x77\x00\x00" + bytes(data[mid:])  # a bogus table in the scan
+    items = [MultimodalDataItem(Modality.IMAGE, feature=good), MultimodalDataItem(Modality.IMAGE, feature=bad)]
+    pixels = dd.materialize_pixels(items, "cpu")
+    t, gh, gw = bad.grid_thw
+    assert pixels.shape[0] == 2 * gh * gw and float(pixels[gh * gw:].abs().sum()) == 0.0  # the blank stand-in
+    assert items[0].decode_error is None and items[1].decode_error
+    assert dd.decode_failure(MultimodalInputs(mm_items=items)).startswith("image 1 could not be decoded")
+    assert dd.decode_failure(MultimodalInputs(mm_items=items[:1])) is None
