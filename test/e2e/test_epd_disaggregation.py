@@ -38,7 +38,11 @@ def epd(launch_server):
     lang_tok = launch_server("--language-only", "--encoder-urls", ",".join(urls),
                              "--encoder-transfer-backend", "zmq_to_tokenizer")
     normal = launch_server()
-    return {"a": enc_a, "b": enc_b, "lang": lang, "lang_tok": lang_tok, "normal": normal}
+    servers = {"a": enc_a, "b": enc_b, "lang": lang, "lang_tok": lang_tok, "normal": normal}
+    yield servers
+    for s in servers.values():  # five servers: stopped with the module, not held to the session's end
+        if s.proc.poll() is None:
+            s.close()
 
 
 def generate(server, text, images, max_new=MAX_NEW, status=200, timeout=120):

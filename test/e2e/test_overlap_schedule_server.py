@@ -17,8 +17,10 @@ from conftest import MAIN_SERVER_ARGS, noise_image, wait_until
 
 @pytest.fixture(scope="module")
 def overlap_server(launch_server, media_dir):
-    return launch_server(*MAIN_SERVER_ARGS, "--allowed-local-media-path", str(media_dir),
-                         env={"SGLANG_OVERLAP_SCHEDULE_ON_CPU": "1"})
+    s = launch_server(*MAIN_SERVER_ARGS, "--allowed-local-media-path", str(media_dir),
+                      env={"SGLANG_OVERLAP_SCHEDULE_ON_CPU": "1"})
+    yield s
+    s.close()  # stopped with the module, not held to the session's end
 
 
 def _image_url(seed: int) -> str:
