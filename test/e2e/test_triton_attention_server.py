@@ -20,7 +20,9 @@ MAX_NEW = 8
 PARITY_CASES = ("text_only", "one_image", "three_images_mixed_sizes")
 
 
-@pytest.fixture(scope="module", params=["qwen3-vl-tiny", "qwen2.5-vl-tiny"])
+# Qwen2.5-VL's interpreted server (windowed tower: ~40 s on 2 cores) runs in the slow target; its kernels'
+# cases stay in sgl-kernel/tests, its greedy parity on the torch backends in the default suite
+@pytest.fixture(scope="module", params=["qwen3-vl-tiny", pytest.param("qwen2.5-vl-tiny", marks=pytest.mark.slow)])
 def triton_server(request, tiny_model_dir, tmp_path_factory):
     model_dir = tiny_model_dir(request.param)
     env = {"TRITON_INTERPRET": "1"} if TEST_DEVICE == "cpu" else {}
