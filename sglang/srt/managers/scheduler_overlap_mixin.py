@@ -16,8 +16,6 @@ What keeps the outputs equal to the step-by-step scheduler's:
 from __future__ import annotations
 
 import logging
-from typing import Callable
-
 from sglang.srt.managers.io_struct import AbortReq, GetLoadReq, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.tp_worker_overlap_thread import LaunchedBatch, OverlapWorkerThread
@@ -39,7 +37,7 @@ class SchedulerOverlapMixin:
     def init_overlap(self, enable: bool) -> None:
         self.enable_overlap = enable
         self._launched = []
-        self._deferred: list[tuple[Req, Callable[[Req], None]]] = []
+        self._kv_held: list[Req] = []  # finished while a launched step still used their KV
         self._step_seq = 0
         self._forward_thread = OverlapWorkerThread(self.worker) if enable else None
 
@@ -49,7 +47,10 @@ class SchedulerOverlapMixin:
 
     def release_kv(self, req: Req) -> None:
         """The request's KV to the prefix cache and its slots freed, once no launched step uses them."""
-        self._release(req, self.kv.release)
+        if self._launched and self._in_flight(req):
+            self._kv_held.append(req)
+        else:
+            self.kv.release(req)
 
     def release_worker_state(self, req: Req) -> None:
         """The worker's per-request state (pending image rows, penalty row): overlapped, on the forward thread
@@ -60,20 +61,10 @@ class SchedulerOverlapMixin:
             rid = req.rid
             self._forward_thread.call_after(lambda: self.worker.release_request(rid))
 
-    def _release(self, req: Req, fn: Callable[[Req], None]) -> None:
-        if self._launched and self._in_flight(req):
-            self._deferred.append((req, fn))
-        else:
-            fn(req)
-
-    def _run_deferred(self) -> None:
-        keep = []
-        for req, fn in self._deferred:
-            if self._in_flight(req):
-                keep.append((req, fn))
-            else:
-                fn(req)
-        self._deferred = keep
+    def _release_held_kv(self) -> None:
+        held, self._kv_held = self._kv_held, []
+        for req in held:
+            self.release_kv(req)
 
     # ------------------------------------------------------------------ the loop
     def step_overlap(self) -> bool:
@@ -88,7 +79,7 @@ class SchedulerOverlapMixin:
             self._apply(prev)
         if launched is not None and batch.mode.is_extend():
             self._apply(launched)
-        self._run_deferred()
+        self._release_held_kv()
         self.report_load()
         self.flush_outputs()
         if not self._launched:  # going idle: the releases queued on the forward thread are done first
@@ -99,7 +90,7 @@ class SchedulerOverlapMixin:
         """Applies every launched step (waiting for it) and makes the releases they held back."""
         while self._launched:
             self._apply(self._launched[0])
-        self._run_deferred()
+        self._release_held_kv()
         if self._forward_thread is not None:
             self._forward_thread.barrier()
 
