@@ -209,7 +209,19 @@ class HostOverheadRun:
         args = ServerArgs(model_path=model_path, dtype="float32", device="cpu", max_total_tokens=total,
                           max_running_requests=bs, context_length=prompt_len + output_len + 16,
                           disable_radix_cache=True, random_seed=0, disable_overlap_schedule=not overlap)
-        self.sched = sched = Scheduler(args, None)
+        import os
+
+        # a CPU device runs step by step unless asked (SGLANG_OVERLAP_SCHEDULE_ON_CPU); the A/B asks
+        before = os.environ.pop("SGLANG_OVERLAP_SCHEDULE_ON_CPU", None)
+        if overlap:
+            os.environ["SGLANG_OVERLAP_SCHEDULE_ON_CPU"] = "1"
+        try:
+            self.sched = sched = Scheduler(args, None)
+        finally:
+            os.environ.pop("SGLANG_OVERLAP_SCHEDULE_ON_CPU", None)
+            if before is not None:
+                os.environ["SGLANG_OVERLAP_SCHEDULE_ON_CPU"] = before
+        assert sched.enable_overlap is overlap, "the overlap A/B must run both loops"
         if legacy_stop_check:
             sched._stop_strings = DecodeEveryStep()
         sched.send = lambda obj: pickle.dumps(obj)  # what send_pyobj does before the socket
