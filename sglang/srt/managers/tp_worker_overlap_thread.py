@@ -5,8 +5,9 @@ launch step N+1 while step N still runs on the device.
 Ordering invariants the scheduler relies on:
 - batches run one at a time, in launch order (a batch's KV slots, freed or reused by a later batch,
   are never touched by two forwards at once);
-- a batch samples only after the scheduler applied the previous batch's tokens (`LaunchedBatch.applied`
-  of that batch), so grammars, penalties and step counts read the same state as without overlap;
+- a batch whose sampling reads request state (grammars, penalties, bans, step counts of sampled rows)
+  samples only after the scheduler applied the previous batch's tokens (`LaunchedBatch.applied` of that
+  batch), so it reads the same state as without overlap; an all-greedy plain batch does not wait;
 - the worker's own per-request state (embedder rows, penalty rows) is changed only on this thread:
   releases are queued here (`call_after`) and run after every batch launched before them;
 - every collective this thread issues is on the TP group; the scheduler thread's object broadcasts use
@@ -39,6 +40,19 @@ class LaunchedBatch:
     req_ids: frozenset[int] = frozenset()  # id() of the batch's requests
 
 
+def samples_from_applied_state(batch: ScheduleBatch) -> bool:
+    """Whether sampling this batch reads what applying the previous step changes: grammar matchers, penalty
+    counts, `min_new_tokens` bans, a client's logit processor, or (sampled rows) the step count that seeds a
+    row's noise. An all-greedy batch without those samples from its logits alone: it need not wait, so the
+    scheduler's applying of the previous step overlaps this step's sampling too."""
+    for r in batch.reqs:
+        p = r.sampling_params
+        if (not p.is_greedy or r.grammar is not None or p.has_penalty or p.min_new_tokens > 0
+                or r.custom_logit_processor is not None):
+            return True
+    return False
+
+
 class OverlapWorkerThread:
     """The forward thread holds only a weak reference to the worker and stops once this object is
     collected, so a scheduler that goes away (tests, benchmarks) takes its model and KV pool with it."""
@@ -56,7 +70,7 @@ class OverlapWorkerThread:
         it samples once `after` (the batch launched before it, if still unapplied) is applied."""
         fb = self.worker.prepare(batch, stage_timer_on)
         launched = LaunchedBatch(batch, Future(), time.perf_counter(), req_ids=frozenset(map(id, batch.reqs)))
-        wait = after.applied.wait if after is not None else None
+        wait = after.applied.wait if after is not None and samples_from_applied_state(batch) else None
         self._queue.put((launched, fb, stage_timer_on, wait))
         return launched
 

@@ -205,3 +205,28 @@ def test_the_forward_thread_ends_with_its_scheduler(path):
     assert worker() is None, "nothing keeps the model (and on a GPU its KV pool) alive"
     thread.join(30)
     assert not thread.is_alive()
+
+
+def test_only_batches_whose_sampling_reads_request_state_wait_for_the_previous_step():
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.tp_worker_overlap_thread import samples_from_applied_state
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    def batch(**sp):
+        plain = Req("a", [1, 2], SamplingParams(temperature=0.0))
+        other = Req("b", [1, 2], SamplingParams(**sp))
+        return ScheduleBatch(ForwardMode.DECODE, [plain, other])
+
+    assert not samples_from_applied_state(batch(temperature=0.0))
+    assert samples_from_applied_state(batch(temperature=0.7))  # a sampled row's noise depends on its step count
+    assert samples_from_applied_state(batch(temperature=0.0, frequency_penalty=0.5))
+    assert samples_from_applied_state(batch(temperature=0.0, min_new_tokens=2, max_new_tokens=4))
+    b = batch(temperature=0.0)
+    b.reqs[1].grammar = SimpleNamespace()  # any matcher
+    assert samples_from_applied_state(b)
+    b = batch(temperature=0.0)
+    b.reqs[1].custom_logit_processor = "..."
+    assert samples_from_applied_state(b)
