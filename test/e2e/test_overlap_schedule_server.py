@@ -14,6 +14,10 @@ import requests
 
 from conftest import MAIN_SERVER_ARGS, noise_image, wait_until
 
+# a second server for a loop a CPU device does not run by default (~30 s on 2 cores): the slow target; the
+# in-process equality tests of test/unit/managers/test_overlap_schedule.py stay in the default suite
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def overlap_server(launch_server, media_dir):
