@@ -274,10 +274,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
             try:
                 self.run_batch(batch)
             except Exception as e:
-                if _is_engine_fault(e):
-                    raise
-                logger.exception("a %s batch of %d request(s) failed", batch.mode.name, len(batch.reqs))
-                self._fail_batch(batch, e)
+                self.batch_failed(batch, e)
         # before the outputs leave: a client that saw its request finish is routed by a load that knows it
         self.report_load()
         self.flush_outputs()

@@ -16,6 +16,7 @@ What keeps the outputs equal to the step-by-step scheduler's:
 from __future__ import annotations
 
 import logging
+
 from sglang.srt.managers.io_struct import AbortReq, GetLoadReq, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.tp_worker_overlap_thread import LaunchedBatch, OverlapWorkerThread
@@ -105,13 +106,18 @@ class SchedulerOverlapMixin:
         try:
             launched = self._forward_thread.launch(batch, self.stage_timer.enabled, prev)
         except Exception as e:
-            if _is_engine_fault(e):
-                raise
-            logger.exception("a %s batch of %d request(s) failed", batch.mode.name, len(batch.reqs))
-            self._fail_batch(batch, e)
+            self.batch_failed(batch, e)
             return None
         self._launched.append(launched)
         return launched
+
+    def batch_failed(self, batch: ScheduleBatch, error: Exception) -> None:
+        """A batch's forward (or its preparation) raised: an engine fault ends the process; anything else
+        ends the batch's requests with the error and the others go on."""
+        if _is_engine_fault(error):
+            raise error
+        logger.exception("a %s batch of %d request(s) failed", batch.mode.name, len(batch.reqs))
+        self._fail_batch(batch, error)
 
     def _apply(self, launched: LaunchedBatch) -> None:
         """Waits for the step's tokens and applies them; then the next step may sample."""
@@ -119,11 +125,7 @@ class SchedulerOverlapMixin:
             try:
                 result = launched.future.result()
             except Exception as e:
-                if _is_engine_fault(e):
-                    raise
-                logger.exception("a %s batch of %d request(s) failed", launched.batch.mode.name,
-                                 len(launched.batch.reqs))
-                self._fail_batch(launched.batch, e)
+                self.batch_failed(launched.batch, e)
                 return
             self.process_batch_result(launched.batch, result, launched.launched_at)
         finally:
