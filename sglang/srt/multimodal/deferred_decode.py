@@ -139,21 +139,27 @@ def decode_images(encs: list[EncodedImage], device, errors: dict[int, str] | Non
             _note("no torchvision for nvJPEG")
     for i, enc in enumerate(encs):
         if out[i] is None:
-            out[i] = pil_pixels(enc, None if errors is None else (lambda m, i=i: errors.__setitem__(i, m))).to(device)
+            pixels, error = _pil_or_blank(enc)
+            out[i] = pixels.to(device)
+            if error is not None and errors is not None:
+                errors[i] = error
     return out  # type: ignore[return-value]
 
 
-def pil_pixels(enc: EncodedImage, on_error=None) -> torch.Tensor:
+def pil_pixels(enc: EncodedImage) -> torch.Tensor:
     """The tokenizer path's own decode and preprocessing, run here: bit-identical pixel_values. A JPEG
-    broken past its header gives a blank image (the batch goes on) and `on_error(reason)`."""
+    broken past its header gives a blank image (the batch goes on)."""
+    return _pil_or_blank(enc)[0]
+
+
+def _pil_or_blank(enc: EncodedImage) -> tuple[torch.Tensor, str | None]:
+    """(pixel_values, None), or (a blank image, the reason) when the scan data is broken."""
     try:
-        return strict_pil_pixels(enc)
+        return strict_pil_pixels(enc), None
     except ImageLoadError as e:  # passed the header checks, broken inside the entropy-coded data
         _note("decode error")
         logger.error("deferred image decode failed (%s); its request ends with a 400", e)
-        if on_error is not None:
-            on_error(str(e))
-        return _blank(enc)
+        return _blank(enc), str(e)
 
 
 def decode_failure(mm_inputs) -> str | None:
