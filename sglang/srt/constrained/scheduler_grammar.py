@@ -46,10 +46,18 @@ def compile_checked(backend, key: tuple[str, str]):
     language would sample from an all-masked row, so it is a 400 here, not a failure mid-decode. A
     structural tag's JSON schemas are checked one by one too (the tag's own start admits its begin text
     even when a schema inside it admits nothing). Runs in the compile thread, within the time limit."""
+    kind, text = key
+    # checked before the library sees it, so the message is ours whatever the library's version says
+    # (xgrammar 0.2.8 compiled {"$ref": "#"} to an empty language, 0.2.9 refuses it in its own words)
+    if kind == "json_schema" and ref_only_cycle(_loads_or_none(text)):
+        raise GrammarCompileError(f"invalid {kind}: it {EMPTY_LANGUAGE}")
+    if kind == "structural_tag":
+        for where, schema in _json_nodes(_loads_or_none(text)):
+            if ref_only_cycle(schema):
+                raise GrammarCompileError(f"invalid {kind}: the JSON schema at {where} {EMPTY_LANGUAGE}")
     compiled = backend.compile(key)  # raises GrammarCompileError naming the problem
     if not hasattr(backend, "admits_no_output"):
         return compiled
-    kind, text = key
     if backend.admits_no_output(compiled):
         raise GrammarCompileError(f"invalid {kind}: it {EMPTY_LANGUAGE}")
     if kind == "structural_tag":
@@ -57,6 +65,45 @@ def compile_checked(backend, key: tuple[str, str]):
             if backend.admits_no_output(backend.compile(("json_schema", json.dumps(schema)))):
                 raise GrammarCompileError(f"invalid {kind}: the JSON schema at {where} {EMPTY_LANGUAGE}")
     return compiled
+
+
+_ANNOTATIONS = {"$defs", "definitions", "$schema", "$id", "$comment", "title", "description", "examples", "default"}
+
+
+def _loads_or_none(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None  # the backend reports the parse error in its place
+
+
+def _pointer(root, ref: str):
+    """The node a local `$ref` ("#", "#/$defs/a") names, or None (remote or broken: the backend's to judge)."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def ref_only_cycle(schema) -> bool:
+    """True when the schema is nothing but a chain of `$ref`s that comes back to itself (`{"$ref": "#"}`,
+    `a -> b -> a`): no value can match it. Only the root's chain is followed: a cycle through content (an
+    object whose property refers back) is an ordinary recursive schema."""
+    node, seen = schema, set()
+    while isinstance(node, dict) and "$ref" in node and set(node) - _ANNOTATIONS == {"$ref"}:
+        if id(node) in seen:
+            return True
+        seen.add(id(node))
+        node = _pointer(schema, node["$ref"])
+    return False
 
 
 def _json_nodes(tag) -> list[tuple[str, object]]:

@@ -213,16 +213,17 @@ def test_a_grammar_without_output_is_refused_where_it_compiles(path):
 
 
 def test_a_grammar_whose_language_runs_out_is_a_400_not_a_500(path):
-    """The same tag past the compile-time check (compiled plainly here): the row after the opening text
+    """A grammar past the compile-time check (compiled plainly here) whose row after the opening text
     allows no token. The request ends with a 400 naming its grammar, not the 500 of a sampled token that
     'does not fit': the scheduler must not treat a grammar's dead end as a server fault."""
     s = InProcessScheduler(path)
     queue = s.sched.grammar_queue
     queue.cache._compile = queue.backend.compile  # no empty-language check: the dead end is met mid-decode
-    rid = s.submit(_text(10, 1), None, max_new_tokens=30, structural_tag=json.dumps(TAG_WITHOUT_OUTPUT))
+    # "<call>" then a rule with no base case: an opening any grammar library compiles, and nothing after it
+    rid = s.submit(_text(10, 1), None, max_new_tokens=30, ebnf='root ::= "<call>" rest\nrest ::= rest "a"')
     _compiled(s)
     s.run_until_idle()
     fr = s.finished[rid]
     assert fr.type == "abort" and fr.status_code == 400, fr
-    assert fr.message.startswith("invalid structural_tag: no output can continue it after"), fr.message
+    assert fr.message.startswith("invalid ebnf: no output can continue it after"), fr.message
     s.assert_no_leak()
