@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 
@@ -89,8 +90,7 @@ class XGrammarBackend:
         opts = self.json_options
         try:
             if kind == "json_schema":
-                return self._compiler.compile_json_schema(
-                    text, any_whitespace=not opts.disable_any_whitespace, max_whitespace_cnt=opts.max_whitespace_cnt)
+                return self._compiler.compile_grammar(strict_json_ebnf(text, opts))
             if kind == "regex":
                 return self._compiler.compile_regex(text)
             if kind == "ebnf":
@@ -145,6 +145,29 @@ class XGrammarBackend:
         import xgrammar as xg
 
         return xg.GrammarMatcher(compiled, override_stop_tokens=self.stop_token_ids)
+
+
+# a negated character class of the EBNF text xgrammar prints, escapes included
+_NEGATED_CLASS = re.compile(r"\[\^((?:\\.|[^\]\\])*)\]")
+_CONTROL = "\\0-\\x1f"
+
+
+def strict_json_ebnf(schema: str, opts: JsonOptions) -> str:
+    """The EBNF of `schema` with every JSON string body refusing raw control characters (U+0000-U+001F),
+    as RFC 8259 requires: xgrammar 0.2.9 lets them into length-bounded strings (`{"maxLength": 20}`), so
+    an answer could fail json.loads. A string body is a negated class that excludes the quote."""
+    import xgrammar as xg
+
+    ebnf = str(xg.Grammar.from_json_schema(schema, any_whitespace=not opts.disable_any_whitespace,
+                                           max_whitespace_cnt=opts.max_whitespace_cnt))
+
+    def strict(m: re.Match) -> str:
+        body = m.group(1)
+        if '\\"' not in body or body.startswith(_CONTROL):
+            return m.group(0)
+        return f"[^{_CONTROL}{body}]"
+
+    return _NEGATED_CLASS.sub(strict, ebnf)
 
 
 # json_schema node fields that a grammar node cannot carry: a node using one keeps its json_schema form
