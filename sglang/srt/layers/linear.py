@@ -2,6 +2,10 @@
 
 Every layer exposes `weight_loader(param, loaded_weight, shard_id=None)`: the loader hands over the
 checkpoint tensor as stored on disk and the layer takes the slice that belongs to its rank.
+
+A fused layer (q/k/v, gate/up) marks each of its loadable parameters with `required_shards`, the shard
+ids the checkpoint must deliver (model_loader/loader.py refuses a checkpoint that leaves one out); a
+call with shard_id None is the fused tensor, whose full shape is checked, so it fills every shard.
 """
 
 from __future__ import annotations
@@ -53,10 +57,20 @@ class LinearBase(nn.Module):
         self.quant_method = quant
         if quant is not None:
             quant.create_weights(self, self.layout(), self.tp_sizes_hint())
+        shards = self.fused_shards()
+        if shards is not None:  # after create_weights: the FP8 weight and its scale are new parameters
+            for p in self.parameters(recurse=False):
+                if hasattr(p, "weight_loader"):
+                    p.required_shards = shards
+
+    def fused_shards(self) -> tuple | None:
+        """The shard ids a fused layer's parameters are loaded by, each required; None: one tensor each."""
+        return None
 
     def layout(self) -> LinearLayout:
         """Where the local weight's rows and columns come from in the checkpoint matrices."""
-        return LinearLayout((RowPart(0, 0, self.out_features),), 0, self.in_features)
+        out = self.out_features
+        return LinearLayout((RowPart(0, 0, out, out),), 0, self.in_features, self.in_features)
 
     def shard_index(self, shard_id) -> int | None:
         """The layout part a checkpoint tensor with this shard id fills (None: a fused tensor)."""
@@ -94,7 +108,9 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(in_features, divide(out_features, tp.size), bias, dtype, quant)
 
     def layout(self) -> LinearLayout:
-        return LinearLayout((RowPart(0, self.tp.rank * self.out_features, self.out_features),), 0, self.in_features)
+        out = self.out_features
+        return LinearLayout((RowPart(0, self.tp.rank * out, out, out * self.tp.size),), 0, self.in_features,
+                            self.in_features)
 
     def weight_loader(self, param, loaded, shard_id=None):
         size = param.shape[0]
@@ -117,11 +133,15 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def layout(self) -> LinearLayout:
         local = [divide(s, self.tp.size) for s in self.output_sizes]
-        parts = tuple(RowPart(sum(local[:i]), self.tp.rank * n, n) for i, n in enumerate(local))
-        return LinearLayout(parts, 0, self.in_features)
+        parts = tuple(RowPart(sum(local[:i]), self.tp.rank * n, n, total)
+                      for i, (n, total) in enumerate(zip(local, self.output_sizes)))
+        return LinearLayout(parts, 0, self.in_features, self.in_features)
 
     def shard_index(self, shard_id) -> int | None:
         return shard_id if isinstance(shard_id, int) else None
+
+    def fused_shards(self) -> tuple:
+        return tuple(range(len(self.output_sizes)))
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:
@@ -165,11 +185,16 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def layout(self) -> LinearLayout:
         q, kv, kv_src = self.q_size, self.kv_size, (self.tp.rank // self.kv_replicas) * self.kv_size
-        parts = (RowPart(0, self.tp.rank * q, q), RowPart(q, kv_src, kv), RowPart(q + kv, kv_src, kv))
-        return LinearLayout(parts, 0, self.in_features)
+        q_total, kv_total = self.total_num_heads * self.head_dim, self.total_num_kv_heads * self.head_dim
+        parts = (RowPart(0, self.tp.rank * q, q, q_total), RowPart(q, kv_src, kv, kv_total),
+                 RowPart(q + kv, kv_src, kv, kv_total))
+        return LinearLayout(parts, 0, self.in_features, self.in_features)
 
     def shard_index(self, shard_id) -> int | None:
         return {"q": 0, "k": 1, "v": 2}.get(shard_id)
+
+    def fused_shards(self) -> tuple:
+        return ("q", "k", "v")
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:  # fused checkpoint tensor laid out as [q | k | v]
@@ -203,7 +228,9 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(in_features, tp.size), out_features, bias, dtype, quant)
 
     def layout(self) -> LinearLayout:
-        return LinearLayout((RowPart(0, 0, self.out_features),), self.tp.rank * self.in_features, self.in_features)
+        out = self.out_features
+        return LinearLayout((RowPart(0, 0, out, out),), self.tp.rank * self.in_features, self.in_features,
+                            self.in_features * self.tp.size)
 
     def tp_sizes_hint(self) -> str:
         full = self.in_features * self.tp.size

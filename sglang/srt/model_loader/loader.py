@@ -12,7 +12,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.quantization import quantization_config
-from sglang.srt.model_loader.weight_utils import iterate_weights, materialize
+from sglang.srt.model_loader.weight_utils import LazyWeight, iterate_weights, materialize
 from sglang.srt.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -37,13 +37,75 @@ def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}; use one of auto, {', '.join(_DTYPES)}") from None
 
 
+class MissingWeightsError(KeyError):
+    """The checkpoint leaves parameters, or shards of fused ones, unfilled. (str() is the message itself,
+    not KeyError's repr of it.)"""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _shards_filled(required: frozenset | None, shard_id) -> set:
+    """The shards of a parameter requiring `required` (its `required_shards`) that one
+    `weight_loader(param, tensor, shard_id)` call filled.
+
+    A parameter without `required_shards` is one tensor: any call fills it ({None}). shard_id None is a
+    fused tensor, which a fused layer's loader accepts only at its full shape: it fills every shard. A
+    shard id outside `required_shards` (another rank's expert, skipped by the layer) fills nothing, so
+    a shard delivered twice counts once and never for another."""
+    if required is None:
+        return {None}
+    if shard_id is None:
+        return set(required)
+    return {shard_id} if shard_id in required else set()
+
+
+def _shard_source(model: nn.Module, name: str, shard) -> str:
+    """The checkpoint-side name of shard `shard` of our parameter `name` (stacked_params_mapping backwards)."""
+    for fused, part, sid in model.stacked_params_mapping:
+        if fused in name and sid == shard:
+            return f" ({name.replace(fused, part)})"
+    return ""
+
+
+def _check_complete(model: nn.Module, params: dict[str, nn.Parameter], filled: dict[str, set]) -> None:
+    """Raises MissingWeightsError naming every parameter the checkpoint never filled and every required
+    shard of a fused one it left out (up to 10 of each)."""
+    absent, partial = [], []
+    for name, param in params.items():
+        if getattr(param, "loaded_by_process", False):  # filled after loading (--quantization fp8 scales)
+            continue
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        if name not in filled:
+            absent.append(name)
+            continue
+        required = getattr(param, "required_shards", None)
+        for shard in required or ():
+            if shard not in filled[name]:
+                partial.append(f"{name} shard {shard!r}{_shard_source(model, name, shard)}")
+    if not absent and not partial:
+        return
+    more = lambda xs: f" ... and {len(xs) - 10} more" if len(xs) > 10 else ""  # noqa: E731
+    lines = []
+    if partial:
+        lines.append(f"checkpoint is missing {'; '.join(partial[:10])}{more(partial)}")
+    if absent:
+        lines.append(f"parameters not found in checkpoint: {sorted(absent)[:10]}{more(absent)}")
+    raise MissingWeightsError("; ".join(lines))
+
+
 def load_weights(model: nn.Module, weights) -> set[str]:
     """Loads (checkpoint name, tensor) pairs into `model`; returns the parameter names filled.
 
-    Raises on a checkpoint tensor with no home and on parameters the checkpoint never filled:
-    a silently random weight is the worst failure a loader can have."""
+    Raises on a checkpoint tensor with no home, on NaN/inf in any tensor read (weight_utils.LazyWeight
+    checks each region as it is read, before it reaches a parameter), and, once all are read, on
+    parameters (or shards of fused parameters: q/k/v, gate/up, each expert, each FP8 scale) the
+    checkpoint never filled: a silently random weight is the worst failure a loader can have."""
     params = dict(model.named_parameters())
-    loaded: set[str] = set()
+    # as sets once: a 128-expert parameter is filled by 256 calls, each looking its shard up
+    required = {n: frozenset(p.required_shards) for n, p in params.items() if hasattr(p, "required_shards")}
+    filled: dict[str, set] = {}  # parameter -> the shards of it delivered (see _shards_filled)
     for ckpt_name, tensor in weights:
         if model.skip_checkpoint_name(ckpt_name):
             continue
@@ -56,6 +118,8 @@ def load_weights(model: nn.Module, weights) -> set[str]:
         param = params.get(name)
         if param is None:
             raise KeyError(f"checkpoint tensor {ckpt_name!r} (mapped to {name!r}) matches no model parameter")
+        if not isinstance(tensor, LazyWeight):  # one read path: named, and checked for NaN/inf when read
+            tensor = LazyWeight.of(tensor, ckpt_name)
         loader = getattr(param, "weight_loader", None)
         with torch.no_grad():
             if loader is not None:
@@ -64,14 +128,9 @@ def load_weights(model: nn.Module, weights) -> set[str]:
                 if tuple(param.shape) != tuple(tensor.shape):
                     raise ValueError(f"{ckpt_name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
                 param.data.copy_(materialize(tensor).to(param.dtype))
-        loaded.add(name)
-    # filled after loading from what was loaded (--quantization fp8 scales), not from the checkpoint
-    missing = {n for n in set(params) - loaded if not getattr(params[n], "loaded_by_process", False)}
-    if model.config.tie_word_embeddings:
-        missing.discard("lm_head.weight")
-    if missing:
-        raise KeyError(f"parameters not found in checkpoint: {sorted(missing)[:10]}{' ...' if len(missing) > 10 else ''}")
-    return loaded
+        filled.setdefault(name, set()).update(_shards_filled(required.get(name), shard_id))
+    _check_complete(model, params, filled)
+    return set(filled)
 
 
 def get_model(

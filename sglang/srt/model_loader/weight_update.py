@@ -3,7 +3,10 @@
 In place: every parameter keeps its storage, so whatever holds a reference to it (CUDA graphs, tied
 embeddings, fused views) sees the new values with no rebuild. Undoable: before the first tensor is written
 the current parameters are copied to host memory, and a load that fails part-way (a missing file, a tensor
-of another shape, a parameter the checkpoint lacks) writes them back before the error leaves. A load that
+of another shape, a parameter the checkpoint lacks) writes them back before the error leaves. That covers
+every refusal of `load_weights`: NaN/inf in a tensor (refused as it is read, before it is written), an FP8
+scale off its weight's block grid, and a fused parameter missing a shard (a q/k/v or gate/up part, one
+expert's linear, one `weight_scale_inv`: known only once the whole checkpoint is read). A load that
 succeeded stays undoable until `commit` or `restore`: the scheduler asks every TP rank (and every
 data-parallel replica) first, and the ranks that loaded restore when any other one failed, so no rank ever
 serves a mix of the two weight sets.

@@ -7,7 +7,11 @@ FusedMoE (`gate_up_proj` [E_local, 2n, H], `down_proj` [E_local, H, n], e4m3) be
 Scale granularity (the dense FP8 linears' rule, layers/quantization/fp8.py): this rank's n = I / (tp/ep)
 rows of gate and of up start at r*n in the checkpoint and at 0 / n here, so gate_up keeps one scale per
 gcd(128, n) rows (each a copy of its checkpoint block's); down's columns start at r*n, so it keeps one per
-gcd(128, r*n) columns, which must be >= MIN_GROUP (the start-up check names the TP sizes that work)."""
+gcd(128, r*n) columns, which must be >= MIN_GROUP (the start-up check names the TP sizes that work).
+
+Completeness: each fused parameter is filled expert by expert, so it declares `required_shards`, every
+(expert, part) of this rank's experts (model_loader/loader.py refuses a checkpoint that leaves one out);
+each expert's weight and scale is checked against its checkpoint shape (I x H, H x I; their 128x128 grids)."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from sglang.srt.distributed.communication_op import tensor_model_parallel_all_re
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.moe.fused_moe import FusedMoE
 from sglang.srt.layers.quantization.base import MIN_GROUP, QuantizationError
-from sglang.srt.model_loader.weight_utils import materialize
+from sglang.srt.model_loader.weight_utils import materialize, tensor_name
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -64,6 +68,26 @@ class Fp8FusedMoE(FusedMoE):
         self.down_proj.weight_loader = self._load_fp8_down
         self.gate_up_proj_scale_inv.weight_loader = self._load_gate_up_scale
         self.down_proj_scale_inv.weight_loader = self._load_down_scale
+        # global expert ids, as expert_params_mapping passes them; other ranks' experts are theirs to require
+        mine = range(self.first_expert, self.first_expert + e)
+        gate_up = tuple((x, part) for x in mine for part in (0, 1))
+        self.gate_up_proj.required_shards = self.gate_up_proj_scale_inv.required_shards = gate_up
+        self.down_proj.required_shards = self.down_proj_scale_inv.required_shards = tuple((x, None) for x in mine)
+
+    def _checkpoint_shape(self, part) -> tuple[int, int]:
+        """One expert's checkpoint linear: gate/up [I, H], down [H, I]."""
+        i, h = self.intermediate_size, self.hidden_size
+        return (h, i) if part is None else (i, h)
+
+    def _check_shape(self, loaded, part, scale: bool) -> None:
+        rows, cols = self._checkpoint_shape(part)
+        bn, bk = self.block
+        want = (-(-rows // bn), -(-cols // bk)) if scale else (rows, cols)
+        if tuple(loaded.shape) != want:
+            what = f"{'down' if part is None else ('gate', 'up')[part]}_proj {'scale' if scale else 'weight'}"
+            name = tensor_name(loaded, f"Fp8FusedMoE {what}")
+            grid = f", the {bn}x{bk}-block grid of its {rows}x{cols} weight" if scale else ""
+            raise QuantizationError(f"{name}: expert {what} shape {tuple(loaded.shape)} != {want}{grid}")
 
     def _expert(self, shard_id, what: str) -> tuple[int | None, int | None]:
         """(this rank's index of the expert or None when another rank holds it, part)."""
@@ -76,6 +100,7 @@ class Fp8FusedMoE(FusedMoE):
 
     def _load_fp8_gate_up(self, param, loaded, shard_id=None) -> None:
         le, part = self._expert(shard_id, "gate_up_proj")
+        self._check_shape(loaded, part, scale=False)
         if le is None:
             return
         n = self.local_inter
@@ -83,13 +108,15 @@ class Fp8FusedMoE(FusedMoE):
         param.data[le, part * n : (part + 1) * n].copy_(rows)
 
     def _load_fp8_down(self, param, loaded, shard_id=None) -> None:
-        le, _ = self._expert(shard_id, "down_proj")
+        le, part = self._expert(shard_id, "down_proj")
+        self._check_shape(loaded, part, scale=False)
         if le is not None:
             n = self.local_inter
             param.data[le].copy_(materialize(loaded.narrow(1, self.tp.moe_tp_rank * n, n)))
 
     def _load_gate_up_scale(self, param, loaded, shard_id=None) -> None:
         le, part = self._expert(shard_id, "gate_up_proj scale")
+        self._check_shape(loaded, part, scale=True)
         if le is None:
             return
         n, g, bn = self.local_inter, self.block13[0], self.block[0]
@@ -98,7 +125,8 @@ class Fp8FusedMoE(FusedMoE):
         param.data[le, part * (n // g) : (part + 1) * (n // g)].copy_(full[groups])
 
     def _load_down_scale(self, param, loaded, shard_id=None) -> None:
-        le, _ = self._expert(shard_id, "down_proj scale")
+        le, part = self._expert(shard_id, "down_proj scale")
+        self._check_shape(loaded, part, scale=True)
         if le is None:
             return
         n, g, bk = self.local_inter, self.block2[1], self.block[1]

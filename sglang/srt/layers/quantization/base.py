@@ -28,21 +28,29 @@ class QuantizationError(ValueError):
 
 @dataclass(frozen=True)
 class RowPart:
-    """Rows [dst, dst + size) of the local weight are rows [src, src + size) of one checkpoint matrix."""
+    """Rows [dst, dst + size) of the local weight are rows [src, src + size) of one checkpoint matrix,
+    which has `total` rows in all (what its block-scale grid is checked against)."""
 
     dst: int
     src: int
     size: int
+    total: int
 
 
 @dataclass(frozen=True)
 class LinearLayout:
     """A linear layer's local weight (rows, cols) as cut from its checkpoint matrices: `parts` along the
-    output rows (one per fused matrix: q/k/v, gate/up), and columns [col_src, col_src + cols)."""
+    output rows (one per fused matrix: q/k/v, gate/up), and columns [col_src, col_src + cols) of the
+    `total_cols` every one of those matrices has."""
 
     parts: tuple[RowPart, ...]
     col_src: int
     cols: int
+    total_cols: int
+
+    def scale_shape(self, index: int, block: tuple[int, int]) -> tuple[int, int]:
+        """The block-scale grid of part `index`'s checkpoint matrix: ceil(rows / bn) x ceil(cols / bk)."""
+        return -(-self.parts[index].total // block[0]), -(-self.total_cols // block[1])
 
     def row_granularity(self, block: int) -> int:
         """The largest divisor of `block` at which every part starts, in the local weight and in its

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.quantization.base import MIN_GROUP, LinearLayout, QuantizationError
-from sglang.srt.model_loader.weight_utils import materialize
+from sglang.srt.model_loader.weight_utils import materialize, tensor_name
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -114,6 +114,12 @@ class Fp8LinearMethod:
             raise QuantizationError(f"{type(layer).__name__}: a fused checkpoint scale tensor is not supported; "
                                     "store q/k/v and gate/up separately")
         part = layout.parts[index]
+        # an oversized grid would be indexed without complaint and a short one fails obscurely: refuse both
+        want = layout.scale_shape(index, self.config.block)
+        if tuple(loaded.shape) != want:
+            name = tensor_name(loaded, f"{type(layer).__name__}[{shard_id}] weight_scale_inv")
+            raise QuantizationError(f"{name}: FP8 block scale shape {tuple(loaded.shape)} != {want}, the "
+                                    f"{bn}x{bk}-block grid of its {part.total}x{layout.total_cols} weight")
         full = materialize(loaded).float()
         rows = torch.arange(0, part.size, gn)
         cols = torch.arange(0, layout.cols, gk)
