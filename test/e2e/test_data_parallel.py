@@ -159,3 +159,11 @@ def test_a_grammar_that_fails_to_compile_is_a_400_on_either_replica(dp2):
     assert all(o["text"].isdigit() and len(o["text"]) == 4 for o in outs), outs
     wait_until(lambda: _idle(url), 60, what="both replicas idle")
     assert requests.get(url + "/get_server_info", timeout=10).json()["num_grammar_queue_reqs"] == 0
+
+
+def test_dp2_listens_on_loopback_only(dp2):
+    from sglang.srt.utils.process_tree import listening_tcp
+
+    found = listening_tcp(dp2.proc.pid)
+    assert ("127.0.0.1", dp2.port) in found
+    assert not {(a, p) for a, p in found if a != "127.0.0.1"}

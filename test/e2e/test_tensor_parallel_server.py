@@ -89,3 +89,13 @@ def test_tp2_a_grammar_that_fails_to_compile_is_one_400_and_the_server_serves_on
     good = requests.post(url + "/generate", timeout=120, json={
         "text": "Code:", "sampling_params": {"max_new_tokens": 8, "temperature": 0, "regex": "[0-9]{4}"}})
     assert good.status_code == 200 and len(good.json()["text"]) == 4 and good.json()["text"].isdigit(), good.text
+
+
+def test_tp2_listens_on_loopback_only(tp2_server):
+    """The TP ranks meet through a file in the server's private directory, not torch's TCP store, which
+    listens on every interface whatever --host says (it did on a018ab2)."""
+    from sglang.srt.utils.process_tree import listening_tcp
+
+    found = listening_tcp(tp2_server.proc.pid)
+    assert ("127.0.0.1", tp2_server.port) in found
+    assert not {(a, p) for a, p in found if a != "127.0.0.1"}

@@ -57,7 +57,9 @@ def init_tp_group(tp_size: int, tp_rank: int, init_addr: str, backend: str, time
                   ep_size: int = 1) -> TPInfo:
     """Joins the server's torch.distributed group (one rank per TP worker, possibly across nodes) and
     creates the gloo CPU group used for object broadcasts. `timeout_s` bounds every collective, so a
-    dead peer makes the others fail instead of waiting forever."""
+    dead peer makes the others fail instead of waiting forever. `init_addr`: host:port of a TCP
+    rendezvous (across nodes: torch's store listens on every interface), or file://PATH for ranks on one
+    host (a file in the server's private directory: no listening socket at all)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -66,7 +68,8 @@ def init_tp_group(tp_size: int, tp_rank: int, init_addr: str, backend: str, time
         return TPInfo(ep_size=ep_size)
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
-        backend=backend, init_method=f"tcp://{init_addr}", world_size=tp_size, rank=tp_rank, timeout=timeout
+        backend=backend, init_method=init_addr if init_addr.startswith("file://") else f"tcp://{init_addr}",
+        world_size=tp_size, rank=tp_rank, timeout=timeout
     )
     # its own communicator even on gloo: the scheduler thread broadcasts on it while the overlap
     # scheduler's forward thread runs the model's collectives on the TP group

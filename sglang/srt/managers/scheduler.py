@@ -323,7 +323,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank:
         tp = init_tp_group(
             server_args.tp_size,
             tp_rank,
-            server_args.dist_init_addr or f"127.0.0.1:{port_args.nccl_port}",
+            _rendezvous(server_args, port_args, dp_rank),
             "nccl" if device == "cuda" else "gloo",
             server_args.watchdog_timeout,
             server_args.ep_size,
@@ -340,3 +340,11 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank:
     except Exception:
         logger.error("scheduler crashed:\n%s", traceback.format_exc())
         sys.exit(1)
+
+
+def _rendezvous(server_args, port_args, dp_rank: int) -> str:
+    """Where a replica's TP ranks meet: --dist-init-addr across nodes, else a file in the server's private
+    ipc directory (torch's TCP store would listen on every interface whatever --host says)."""
+    if server_args.dist_init_addr:
+        return server_args.dist_init_addr
+    return f"file://{port_args.ipc_dir}/dist-store-dp{dp_rank}"

@@ -77,3 +77,45 @@ def rss_bytes(pid: int, field: str = "VmRSS") -> int:
 def tree_rss_bytes(pid: int, field: str = "VmRSS") -> int:
     """Resident memory (`field` of memory_status) of `pid` and all its living descendants."""
     return sum(rss_bytes(p, field) for p in process_tree(pid))
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                out.add(link[8:-1])
+    except OSError:
+        pass
+    return out
+
+
+def _hex_address(text: str) -> tuple[str, int]:
+    import ipaddress
+
+    addr, port = text.split(":")
+    raw = bytes.fromhex(addr)
+    # /proc/net/tcp{,6} print each 32-bit word in host (little-endian) order
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(raw)), int(port, 16)
+
+
+def listening_tcp(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket that `pid` or a descendant listens on ("0.0.0.0" / "::": all
+    interfaces), read from /proc/net/tcp and tcp6: what a deployment exposes, whatever the code says."""
+    inodes = set().union(*(_socket_inodes(p) for p in process_tree(pid)))
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and f[9] in inodes:  # 0A: LISTEN
+                out.add(_hex_address(f[1]))
+    return out
