@@ -112,6 +112,9 @@ envs.add("SGLANG_ENCODER_TIMEOUT_S", 60.0, float,
 envs.add("SGLANG_EPD_EMBEDDING_PORT", 0, int,
          "--language-only (EPD): the TCP port encoders push embeddings to on this host (0: a free port picked at "
          "start-up; fix it where a firewall or NetworkPolicy lists the ports encoders may reach).")
+envs.add("SGLANG_EPD_MAX_EMBEDDING_MB", 4096, int,
+         "--language-only (EPD): largest embedding message (one request's share from one encoder) a language server "
+         "accepts, in MiB; larger ones are dropped unread.")
 envs.add("SGLANG_MM_SHM_TRANSPORT", True, _parse_bool,
          "With --mm-feature-transport cpu and every rank on one host, pixel data crosses processes in POSIX shared "
          "memory and requests carry metadata only (0: baseline, pixels pickled inside the request and the TP broadcast).")

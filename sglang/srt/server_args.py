@@ -108,7 +108,7 @@ class ServerArgs:
         "(refused by default: the server must not be a proxy into its own network)"))
     max_payload_size: int | None = field(default=None, metadata=_arg(
         "largest HTTP request body accepted, in bytes (suffixes as for token counts: 64Mi); larger bodies get 413 "
-        "(default 64 MiB)", parse=parse_token_count))
+        "(default 64 MiB; 1 GiB on an --encoder-only server, whose /encode bodies carry pixels)", parse=parse_token_count))
     max_request_body_mb: float | None = field(default=None, metadata=_arg(
         "the same limit in MiB (give one of the two)"))
     random_seed: int = field(default=0, metadata=_arg("seed for sampling without a per-request seed"))

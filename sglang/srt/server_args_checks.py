@@ -8,6 +8,7 @@ import json
 
 from sglang.srt.environ import envs
 from sglang.srt.server_args_values import (
+    DEFAULT_ENCODER_MAX_PAYLOAD_SIZE,
     DEFAULT_MAX_PAYLOAD_SIZE,
     DTYPE_ALIASES,
     GRAMMAR_BACKENDS,
@@ -225,7 +226,8 @@ def _limit_problems(args) -> list[str]:
         problems.append(f"--max-payload-size {size} and --max-request-body-mb {mb} both set the request body "
                         "limit: give one")
     else:  # one limit, kept in both units (a copy re-validates consistent values)
-        size = size if size is not None else int(mb * 2**20) if mb is not None else DEFAULT_MAX_PAYLOAD_SIZE
+        default = DEFAULT_ENCODER_MAX_PAYLOAD_SIZE if getattr(args, "encoder_only", False) else DEFAULT_MAX_PAYLOAD_SIZE
+        size = size if size is not None else int(mb * 2**20) if mb is not None else default
         object.__setattr__(args, "max_payload_size", size)
         object.__setattr__(args, "max_request_body_mb", size / 2**20)
     return problems

@@ -130,6 +130,8 @@ def resolve_load_balance_method(name: str) -> str:
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_LEVEL_ALIASES = {"warn": "warning", "fatal": "critical"}  # Python's logging takes these too
 DEFAULT_MAX_PAYLOAD_SIZE = 64 * 2**20
+# an encoder's /encode bodies carry a request's pixels (float32 unless the JPEGs travel compressed)
+DEFAULT_ENCODER_MAX_PAYLOAD_SIZE = 2**30
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

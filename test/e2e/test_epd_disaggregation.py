@@ -138,6 +138,20 @@ def test_bad_images_are_400s_at_the_language_server(epd, name):
     assert generate(epd[name], PLACEHOLDER, [png_bytes(noise_image(64, 64, 1))], max_new=2)["output_ids"]
 
 
+def test_every_listener_binds_the_host_it_was_told(epd):
+    """Launched with the default --host 127.0.0.1, no process of any role listens beyond loopback (on a018ab2
+    the language servers' embedding port bound every interface); the HTTP port and, on the language
+    servers, the embedding port are among the listeners."""
+    from sglang.srt.utils.process_tree import listening_tcp
+
+    for name, server in epd.items():
+        found = listening_tcp(server.proc.pid)
+        assert ("127.0.0.1", server.port) in found, (name, found)
+        assert all(addr == "127.0.0.1" for addr, _ in found), (name, found)
+        if name.startswith("lang"):
+            assert len(found) >= 2, (name, found)  # the embedding port as well
+
+
 def test_an_encoder_killed_under_load_loses_no_request(epd, hf_ref):
     lang, a = epd["lang"], epd["a"]
     tmpl = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]}]

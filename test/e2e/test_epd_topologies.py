@@ -43,6 +43,16 @@ def _ask(url: str, hf_ref, seeds: list[int]):
     return r.json(), ref
 
 
+def test_every_listener_of_the_scaled_out_topologies_stays_on_loopback(topo):
+    from sglang.srt.utils.process_tree import listening_tcp
+
+    for name, server in [("enc", topo["enc"][0]), ("tp2", topo["tp2"]), ("dp2", topo["dp2"]),
+                         ("tp2_tok", topo["tp2_tok"])]:
+        found = listening_tcp(server.proc.pid)
+        assert ("127.0.0.1", server.port) in found, (name, found)
+        assert not {(a, p) for a, p in found if a != "127.0.0.1"}, name
+
+
 @pytest.mark.parametrize("name", ["tp2", "tp2_tok"])
 def test_tp2_language_server_equals_transformers(topo, hf_ref, name):
     for seeds in ([1], [2, 3, 4]):

@@ -4,13 +4,18 @@
 It builds only the vision tower of the model's own class (`ViTStrategy.towers="vision"`: no decoder, no
 LM head, no KV cache; the checkpoint's text tensors are never read) and answers:
 - `GET /health`: 200 once the tower is loaded;
-- `POST /encode`: a pickled `EncodeRequest` from a language server. Each item is looked up in this
-  encoder's `ImageEmbeddingCache` by the content hash the language server computed (the key its radix
-  cache uses too); the misses are decoded where still compressed (plain JPEGs: the deferred-decode path),
-  normalized where uint8, and go through the tower in one call (`get_image_feature`, the model's own,
-  deepstack features included: exactly the rows the language model's embedding merge consumes). The
-  embeddings are pushed over ZMQ to the request's `reply_to`, then the call is answered with a JSON
-  acknowledgement. A bad item is a 400 naming it; the language server answers its client 400 too.
+- `POST /register`: a language server names the endpoint it receives embeddings on (`reply_to`, whose
+  host must be the address the call came from) and gets this encoder's model identity back to compare
+  with its own (`model_identity.py`). Embeddings are pushed only to registered endpoints.
+- `POST /encode`: an `EncodeRequest` in the typed wire form (`encode_wire.py`: never a pickle), every field
+  checked against this encoder's own vision config. Each item is looked up in this encoder's
+  `ImageEmbeddingCache` by the hash this encoder computes over the bytes it received (a stated hash is
+  never trusted, so nobody can plant embeddings under another image's key); the misses are decoded where
+  still compressed (plain JPEGs, with this encoder's own image processor config), normalized where uint8,
+  and go through the tower in one call (`get_image_feature`, the model's own, deepstack features included:
+  exactly the rows the language model's embedding merge consumes). The embeddings are pushed over ZMQ to
+  the request's `reply_to` (with a MAC keyed by `--api-key` when one is set), then the call is answered
+  with a JSON acknowledgement. A bad item is a 400 naming it; the language server answers its client 400.
 - `GET /get_server_info`, `/get_model_info`: the cache's counters, the encoded item counts, the model.
 
 One worker thread runs the tower (`EncodeBatcher`): the requests that arrived while it was busy go through
@@ -21,22 +26,32 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import logging
-import pickle
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 
 import torch
 from fastapi import FastAPI, Request
 
-from sglang.srt.disaggregation.encode_protocol import ENCODE_PATH, EncodedEmbeddings, EncodeRequest
+from sglang.srt.disaggregation.encode_protocol import ENCODE_PATH, REGISTER_PATH, EncodedEmbeddings, EncodeRequest
+from sglang.srt.disaggregation.encode_wire import (WireError, content_key, decode_request_body, embedding_frames,
+                                                   mac_key)
+from sglang.srt.disaggregation.model_identity import model_identity
+from sglang.srt.multimodal.mm_types import EncodedImage
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 PUSH_TIMEOUT_MS = 10_000  # longest a push waits for the language server's socket (then a 500: retried elsewhere)
 MAX_PUSH_SOCKETS = 64
+MAX_REGISTERED = 256  # reply_to endpoints remembered (least recently registered forgotten first)
+
+
+class Unregistered(Exception):
+    """An /encode whose reply_to never registered here (or was forgotten): the caller registers, then retries."""
 
 
 class EncoderEngine:
@@ -63,6 +78,13 @@ class EncoderEngine:
         configure_vision_attention(self.model, server_args.resolved_attention_backends()[1],
                                    server_args.attention_fp32_precision)
         self.cache = ImageEmbeddingCache(int(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 2**20))
+        from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+
+        self.image_processor = QwenVLImageProcessor.from_pretrained(self.model_path)
+        self.identity = model_identity(self.model_path)
+        self.mac_key = mac_key(server_args.api_key)
+        self.max_body = int(server_args.max_payload_size)
+        self.registered: OrderedDict[str, float] = OrderedDict()
         self.address = f"http://{server_args.host}:{server_args.port}"
         self._zmq = zmq.Context(1)
         self._sockets: dict[str, object] = {}  # reply_to -> PUSH socket, least recently used first
@@ -96,6 +118,47 @@ class EncoderEngine:
             self._sockets.pop(addr).close(linger=0)
             raise RuntimeError(f"could not push the embeddings to {addr} within {self.push_timeout_ms} ms "
                                "(is the language server up, and its embedding port reachable from here?)") from None
+
+    def register(self, reply_to: str, peer: str | None) -> dict:
+        """Accepts `reply_to` as a push target when its host is the caller's own address (both loopback
+        counts as the same): an encoder never pushes to a machine that did not ask it to."""
+        from urllib.parse import urlsplit
+
+        try:
+            url = urlsplit(str(reply_to))
+            host, port = url.hostname, url.port
+            if url.scheme != "tcp" or not host or not port:
+                raise ValueError
+            target = ipaddress.ip_address(host)
+        except ValueError:
+            raise WireError(f"reply_to must be tcp://<ip>:<port>, got {str(reply_to)[:100]!r}") from None
+        try:
+            caller = ipaddress.ip_address(peer or "")
+        except ValueError:
+            caller = None
+        same = caller is not None and (target == caller or (target.is_loopback and caller.is_loopback))
+        if not same:
+            raise PermissionError(f"reply_to {reply_to} is not the caller's address ({peer}): register from the "
+                                  "language server that receives the embeddings")
+        self.registered.pop(reply_to, None)
+        self.registered[reply_to] = time.time()
+        while len(self.registered) > MAX_REGISTERED:
+            self.registered.popitem(last=False)
+        return {"ok": True, "identity": self.identity}
+
+    def accept(self, body: bytes) -> EncodeRequest:
+        """The request a body carries, every item checked against this tower's config and keyed by this
+        encoder's own content hash; WireError (400) or Unregistered (409) otherwise."""
+        req, raw = decode_request_body(body, self.max_body)
+        if req.reply_to not in self.registered:
+            raise Unregistered(req.reply_to)
+        vcfg = self.model.config.vision
+        for index, item, r in zip(req.item_indices, req.items, raw):
+            check_item(index, item, vcfg, self.image_processor.max_pixels)
+            item.hash = content_key(r)
+            if isinstance(item.feature, EncodedImage):
+                item.feature.processor = self.image_processor
+        return req
 
     def encode_batch(self, reqs: list[EncodeRequest], queued_at: list[float] | None = None) -> list:
         """Each request's EncodedEmbeddings (CPU), or the ValueError / OSError of its bad item (that request
@@ -158,7 +221,7 @@ class EncoderEngine:
         return res
 
     def push(self, req: EncodeRequest, msg: EncodedEmbeddings) -> dict:
-        self._push(req.reply_to, msg.frames())
+        self._push(req.reply_to, embedding_frames(msg, self.mac_key))
         return {"ok": True, "rid": req.rid, "items": len(req.items), "cached": msg.cached,
                 "encode_ms": round(msg.encode_ms, 3)}
 
@@ -173,11 +236,39 @@ class EncoderEngine:
         self._zmq.destroy(linger=1000)
 
 
+def check_item(index: int, item, vcfg, max_pixels: int | None = None) -> None:
+    """The item's grid, shape and recipe fit this tower (a WireError naming the item otherwise): what the
+    tower would otherwise find out as a shape error deep inside, or not at all."""
+    p, tp, m = vcfg.patch_size, vcfg.temporal_patch_size, vcfg.spatial_merge_size
+    t, h, w = item.image_grid_thw
+    feature = item.feature
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise WireError(f"item {index}: {what} (grid {tuple(item.image_grid_thw)}, patch {p}, merge {m})")
+
+    need(item.spatial_merge_size == m and h % m == 0 and w % m == 0, "the grid does not fit the spatial merge")
+    if isinstance(feature, EncodedImage):
+        need(t == 1 and tuple(feature.target_hw) == (h * p, w * p), f"target size {feature.target_hw} is not the grid's")
+        need(max_pixels is None or h * p * w * p <= max_pixels, f"target size {feature.target_hw} is over the "
+             f"image processor's {max_pixels} pixels")
+    elif item.pixel_norm is None:
+        need(tuple(feature.shape) == (t * h * w, 3 * tp * p * p), f"pixel_values of shape {tuple(feature.shape)}")
+    else:
+        n = item.pixel_norm
+        need((n.patch_size, n.temporal_patch_size, n.merge_size) == (p, tp, m), "the pixel recipe's patch sizes differ")
+        if n.kind == "image":
+            need(t == 1 and tuple(feature.shape) == (h * p, w * p, 3), f"uint8 image of shape {tuple(feature.shape)}")
+        else:
+            frames = feature.shape[0]
+            need(tuple(feature.shape[1:]) == (h * p, w * p, 3) and -(-frames // tp) == t,
+                 f"uint8 video of shape {tuple(feature.shape)}")
+
+
 def _decoded(item):
     """A compressed JPEG decoded strictly (the tokenizer's PIL path, bit for bit): a file broken past its
     header is the request's 400 here, as it is on a server that decodes in its tokenizer, never a blank."""
     from sglang.srt.multimodal.deferred_decode import strict_pil_pixels
-    from sglang.srt.multimodal.mm_types import EncodedImage
 
     if not isinstance(item.feature, EncodedImage):
         return item
@@ -244,9 +335,18 @@ class EncodeBatcher:
                     fut.set_exception(e)
 
 
-def create_encoder_app(engine: EncoderEngine):
+def create_encoder_app(engine: EncoderEngine, api_key: str | None = None):
+    """The encoder's HTTP API: `--api-key` guards every route but /health (as on a server), and bodies
+    past `--max-payload-size` are refused before they are read."""
+    from sglang.srt.entrypoints.auth import ApiKeyAuth
+    from sglang.srt.entrypoints.body_limit import BodySizeLimit
+
     app = FastAPI()
     batcher = EncodeBatcher(engine)
+    app.add_middleware(BodySizeLimit, max_bytes=engine.max_body,
+                       on_refuse=lambda msg: _error(f"Payload Too Large: {msg}", 413))
+    if api_key:  # added last: it runs first, before the body is read
+        app.add_middleware(ApiKeyAuth, api_key=api_key, on_refuse=lambda msg: _error(msg, 401))
 
     @app.get("/health")
     async def health():
@@ -264,14 +364,26 @@ def create_encoder_app(engine: EncoderEngine):
     async def model_info():
         return {"model_path": engine.model_path, "is_generation": False, "role": "encoder"}
 
+    @app.post(REGISTER_PATH)
+    async def register(request: Request):
+        try:
+            body = await request.json()
+            return engine.register(body.get("reply_to") if isinstance(body, dict) else None,
+                                   request.client.host if request.client else None)
+        except PermissionError as e:
+            return _error(str(e), 403)
+        except (ValueError, TypeError) as e:  # WireError, JSON
+            return _error(f"malformed register request: {e}", 400)
+
     @app.post(ENCODE_PATH)
     async def encode(request: Request):
-        try:
-            req = pickle.loads(await request.body())
-            if not isinstance(req, EncodeRequest):
-                raise TypeError(f"expected an EncodeRequest, got {type(req).__name__}")
-        except Exception as e:
-            return _error(f"malformed encode request: {type(e).__name__}: {e}", 400)
+        body = await request.body()
+        try:  # off the loop: the checks copy pixel bytes
+            req = await asyncio.get_running_loop().run_in_executor(None, engine.accept, body)
+        except Unregistered as e:
+            return _error(f"reply_to {e} is not registered here: POST {REGISTER_PATH} first", 409)
+        except (ValueError, TypeError, OverflowError) as e:
+            return _error(f"malformed encode request: {e}", 400)
         try:
             return await asyncio.wrap_future(batcher.submit(req))
         except (ValueError, OSError) as e:  # a bad image (undecodable, wrong size): the request's fault
@@ -292,7 +404,7 @@ def launch_encoder_server(server_args: ServerArgs) -> int:
     nparams = sum(p.numel() for p in engine.model.parameters())
     logger.info("encoder-only: vision tower of %s loaded (%.1f M parameters, no text decoder, no KV cache)",
                 engine.model_path, nparams / 1e6)
-    app = create_encoder_app(engine)
+    app = create_encoder_app(engine, server_args.api_key)
     config = uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
                             access_log=server_args.log_level == "debug", loop="asyncio", http="h11")
     logger.info("encoder serving on http://%s:%d", server_args.host, server_args.port)

@@ -70,7 +70,7 @@ class EmbeddingRouter:
     """EPD (zmq_to_scheduler) at --dp-size > 1: which replica each request went to, so that the embeddings
     encoders push for it follow it there; embeddings that arrive before their request wait for it. No I/O."""
 
-    def __init__(self, max_routes: int = 65536, ttl_s: float = 120.0, clock=None):
+    def __init__(self, max_routes: int = 65536, ttl_s: float = 120.0, clock=None, max_early: int = 1024):
         import time
         from collections import OrderedDict
 
@@ -78,6 +78,7 @@ class EmbeddingRouter:
         self.routes: OrderedDict[str, int] = OrderedDict()  # recent rid -> replica
         self.early: dict[str, tuple[float, list]] = {}  # rid -> (first arrival, payload frames)
         self.max_routes = max_routes
+        self.max_early = max_early
         self.ttl_s = ttl_s
 
     def on_request(self, rid: str, replica: int) -> list:
@@ -88,10 +89,13 @@ class EmbeddingRouter:
         return self.early.pop(rid, (0.0, []))[1]
 
     def on_embeddings(self, rid: str, payload) -> int | None:
-        """The replica to send them to now, or None (kept until their request is routed)."""
+        """The replica to send them to now, or None (kept until their request is routed; at most
+        `max_early` requests' worth, the oldest dropped first)."""
         k = self.routes.get(rid)
         if k is None:
             self.early.setdefault(rid, (self.clock(), []))[1].append(payload)
+            while len(self.early) > self.max_early:
+                self.early.pop(next(iter(self.early)))
         return k
 
     def expire(self) -> None:
@@ -116,10 +120,14 @@ class DataParallelController:
         self.epd = None
         if server_args.language_only and server_args.encoder_transfer_backend == "zmq_to_scheduler":
             from sglang.srt.disaggregation.encode_protocol import bind_endpoint
+            from sglang.srt.disaggregation.encode_wire import mac_key
+            from sglang.srt.environ import envs
 
             self.epd = EmbeddingRouter()
+            self.epd_limits = (mac_key(server_args.api_key), envs.SGLANG_EPD_MAX_EMBEDDING_MB.get() << 20)
             self.recv_embeddings = self.ctx.socket(zmq.PULL)
-            self.recv_embeddings.bind(bind_endpoint(port_args.epd_embedding_addr))
+            self.recv_embeddings.setsockopt(zmq.MAXMSGSIZE, self.epd_limits[1])
+            self.recv_embeddings.bind(bind_endpoint(port_args.epd_embedding_addr, server_args.host))
         self.replicas = []
         for k in range(server_args.dp_size):
             sock = self.ctx.socket(zmq.PUSH)
@@ -141,11 +149,25 @@ class DataParallelController:
                 self._forward(self.recv_requests.recv_multipart(copy=False))
             if self.epd is not None:
                 if self.recv_embeddings in ready:
-                    frames = self.recv_embeddings.recv_multipart(copy=False)
-                    k = self.epd.on_embeddings(frames[0].bytes.decode(), frames[-1])
-                    if k is not None:
-                        self.replicas[k].send(frames[-1], copy=False)
+                    self._route_embeddings(self.recv_embeddings.recv_multipart(copy=False))
                 self.epd.expire()
+
+    def _route_embeddings(self, frames: list) -> None:
+        """Checked here (the wire format, the MAC): a bad message is dropped alone, never the loop. The
+        replica gets the checked message over its own ipc socket, as any message from this process."""
+        import pickle
+
+        from sglang.srt.disaggregation.encode_wire import decode_embedding_frames
+
+        try:
+            msg = decode_embedding_frames(frames, *self.epd_limits)
+        except ValueError as e:
+            logger.warning("dropped an embedding message: %s", e)
+            return
+        payload = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        k = self.epd.on_embeddings(msg.rid, payload)
+        if k is not None:
+            self.replicas[k].send(payload, copy=False)
 
     def _drain_loads(self) -> None:
         import zmq

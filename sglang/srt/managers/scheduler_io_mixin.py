@@ -74,12 +74,15 @@ class SchedulerIOMixin:
             return
         from sglang.srt.disaggregation.encode_protocol import bind_endpoint
         from sglang.srt.disaggregation.encode_receiver import EmbeddingRendezvous
+        from sglang.srt.disaggregation.encode_wire import mac_key
         from sglang.srt.environ import envs
 
         self.epd_rendezvous = EmbeddingRendezvous(envs.SGLANG_ENCODER_TIMEOUT_S.get())
+        self.epd_limits = (mac_key(server_args.api_key), envs.SGLANG_EPD_MAX_EMBEDDING_MB.get() << 20)
         if server_args.dp_size == 1:
             self.epd_socket = ctx.socket(zmq.PULL)
-            self.epd_socket.bind(bind_endpoint(port_args.epd_embedding_addr))
+            self.epd_socket.setsockopt(zmq.MAXMSGSIZE, self.epd_limits[1])
+            self.epd_socket.bind(bind_endpoint(port_args.epd_embedding_addr, server_args.host))
 
     def _input_ready(self, timeout_ms: int) -> bool:
         if self.epd_socket is None:
@@ -95,7 +98,8 @@ class SchedulerIOMixin:
         if self.recv_socket is not None:
             # only grammars compiling: wait for input a little, not a busy loop, nor a whole second
             only_compiling = not (self.waiting or self.running or self.chunked_req) and bool(self.grammar_queue)
-            held = bool(self.epd_rendezvous)  # requests waiting for embeddings: their deadlines need checks
+            # requests waiting for embeddings, or embeddings waiting for requests: deadlines and expiries need checks
+            held = self.epd_rendezvous is not None and self.epd_rendezvous.needs_ticks()
             if (self.is_idle() or only_compiling) and not self._input_ready(5 if only_compiling else 1000) \
                     and not held:
                 return broadcast_pyobj([], self.tp)
@@ -116,13 +120,20 @@ class SchedulerIOMixin:
         return msgs
 
     def _admit_epd(self, msgs: list) -> list:
-        from sglang.srt.disaggregation.encode_protocol import EncodedEmbeddings
+        """Embeddings pushed by the encoders join this step's messages; one that fails a check of the wire
+        format (garbage, truncated, oversized, a bad MAC) is logged and dropped alone."""
+        from sglang.srt.disaggregation.encode_wire import decode_embedding_frames
 
         while self.epd_socket is not None:
             try:
-                msgs.append(EncodedEmbeddings.from_frames(self.epd_socket.recv_multipart(zmq.NOBLOCK)))
+                frames = self.epd_socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.ZMQError:
                 break
+            try:
+                msgs.append(decode_embedding_frames(frames, *self.epd_limits))
+            except ValueError as e:
+                self.epd_rendezvous.dropped += 1
+                logger.warning("dropped an embedding message: %s", e)
         return self.epd_rendezvous.admit(msgs)
 
     def _unwrap_shm_features(self, msgs: list) -> None:

@@ -92,9 +92,13 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
 
             to_tokenizer = server_args.encoder_transfer_backend == "zmq_to_tokenizer"
             self.epd_inbox = EmbeddingInbox() if to_tokenizer else None
+            from sglang.srt.disaggregation.model_identity import model_identity
+
+            model_dir = server_args.resolved_model_path()
             self.epd = EncodeDispatcher(server_args.encoder_urls, server_args.encoder_transfer_backend,
                                         port_args.epd_embedding_addr, envs.SGLANG_ENCODER_TIMEOUT_S.get(),
-                                        self.epd_inbox)
+                                        self.epd_inbox, api_key=server_args.api_key,
+                                        identity=lambda: model_identity(model_dir))
 
     # ------------------------------------------------------------------ lifecycle
     async def start(
@@ -115,10 +119,17 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
         self._spawn(self._handle_loop())
         if self.epd_inbox is not None:  # zmq_to_tokenizer: the encoders push embeddings here
             from sglang.srt.disaggregation.encode_protocol import bind_endpoint
+            from sglang.srt.disaggregation.encode_wire import mac_key
 
             inbox_sock = self._zmq_ctx.socket(zmq.PULL)
-            inbox_sock.bind(bind_endpoint(self.port_args.epd_embedding_addr))
-            self._spawn(self.epd_inbox.run(inbox_sock))
+            inbox_sock.setsockopt(zmq.MAXMSGSIZE, envs.SGLANG_EPD_MAX_EMBEDDING_MB.get() << 20)
+            inbox_sock.bind(bind_endpoint(self.port_args.epd_embedding_addr, self.server_args.host))
+            self._spawn(self.epd_inbox.run(inbox_sock, mac_key(self.server_args.api_key),
+                                           envs.SGLANG_EPD_MAX_EMBEDDING_MB.get() << 20))
+        if self.epd is not None:  # every encoder that answers must serve this model: refuse to start otherwise
+            mismatches = await self.epd.register_all()
+            if mismatches:
+                raise RuntimeError("; ".join(mismatches))
         self._spawn(self._sweep_unsent_shm())
         self._on_child_death = on_child_death
         if child_processes:

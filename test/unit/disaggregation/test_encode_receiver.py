@@ -74,7 +74,7 @@ class FakeDispatcher(EncodeDispatcher):
         self.calls: list[tuple[str, float]] = []
 
     async def _post(self, url, body):
-        import pickle
+        from sglang.srt.disaggregation.encode_wire import decode_request_body
 
         self.calls.append((url, time.monotonic()))
         await asyncio.sleep(0)
@@ -83,10 +83,11 @@ class FakeDispatcher(EncodeDispatcher):
             raise ConnectionRefusedError("connection refused")
         if what == "bad":
             raise _EncoderRefused('{"error": {"message": "corrupt or truncated image data"}}')
-        req = pickle.loads(body)
+        req, _ = decode_request_body(body, 1 << 30)  # what an encoder reads: the typed wire form
         if self.inbox is not None:
             self.inbox.deliver(EncodedEmbeddings(req.rid, req.item_indices,
-                                                 [torch.full((2, 3), float(i)) for i in req.item_indices], 1.5))
+                                                 [torch.full((it.num_tokens, 3), float(i))
+                                                  for i, it in zip(req.item_indices, req.items)], 1.5))
         return {"ok": True, "encode_ms": 1.5}
 
 
@@ -114,7 +115,7 @@ def test_zmq_to_tokenizer_attaches_the_embeddings():
     assert len({u for u, _ in d.calls}) == 2  # spread over both
     assert req.epd_pending_items == ()
     for i, it in enumerate(req.mm_inputs.mm_items):
-        assert it.feature is None and torch.equal(it.precomputed_embeddings, torch.full((2, 3), float(i)))
+        assert it.feature is None and torch.equal(it.precomputed_embeddings, torch.full((it.num_tokens, 3), float(i)))
 
 
 def test_every_encoder_down_is_a_503_at_once():
@@ -192,11 +193,39 @@ def test_rendezvous_gives_up_after_its_deadline_and_forgets_strays():
     assert rv.arrived == {} and len(rv) == 0
 
 
-def test_an_abort_releases_a_held_request():
+def test_an_abort_answers_a_held_request():
+    """The held request comes out failed (the scheduler answers it), not silently forgotten: on a018ab2 only
+    the abort came out and the client never got an answer."""
     rv = EmbeddingRendezvous()
-    rv.admit([_pending("c")])
+    rv.admit([_pending("c"), _emb("c", [0])])
     abort = AbortReq("c")
-    assert rv.admit([abort]) == [abort] and len(rv) == 0
+    released, passed = rv.admit([abort])
+    assert passed is abort and released.rid == "c" and "while waiting for its image embeddings" in released.epd_error
+    assert len(rv) == 0 and rv.arrived == {} and rv.arrived_bytes == 0
+
+
+def test_strays_are_bounded_in_count_and_bytes_and_expire_without_traffic():
+    clock = Clock()
+    rv = EmbeddingRendezvous(wait_s=2, ttl_s=5, clock=clock, max_stray=3, max_stray_bytes=10 * 8)
+    rv.admit([_pending("held")])
+    rv.admit([_emb(f"s{k}", [0]) for k in range(5)])
+    assert len(rv.arrived) == 3 and "s4" in rv.arrived and "s0" not in rv.arrived  # oldest dropped first
+    big = EncodedEmbeddings("big", [0], [torch.zeros(1, 20)])  # 80 bytes: the byte bound drops the others
+    rv.admit([big])
+    assert set(rv.arrived) == {"big"} and rv.arrived_bytes == 80
+    assert rv.needs_ticks()  # the loop wakes to expire them even when nothing else arrives
+    clock.t = 6.0
+    rv.admit([])
+    assert rv.arrived == {} and rv.arrived_bytes == 0 and rv.dropped == 6
+
+
+def test_embeddings_of_the_wrong_shape_fail_their_request_only():
+    rv = EmbeddingRendezvous()
+    good, bad = _pending("good", 1), _pending("bad", 1)
+    out = rv.admit([good, bad, _emb("good", [0]), EncodedEmbeddings("bad", [0], [torch.zeros(7, 2)])])
+    by = {r.rid: r for r in out}
+    assert by["good"].epd_error is None and by["good"].mm_inputs.mm_items[0].precomputed_embeddings is not None
+    assert "shape (7, 2)" in by["bad"].epd_error and by["bad"].mm_inputs.mm_items[0].precomputed_embeddings is None
 
 
 # ----------------------------------------------------------------------------- data-parallel controller
@@ -237,8 +266,12 @@ def test_http_5xx_timeouts_and_refused_connections_move_items_on(tmp_path):
                     await release.wait()
                 return web.json_response({"ok": True, "encode_ms": 2.0})
 
+            async def register(request):
+                return web.json_response({"ok": True})
+
             a = web.Application()
             a.router.add_post("/encode", encode)
+            a.router.add_post("/register", register)
             return a
 
         runners, urls = [], {}

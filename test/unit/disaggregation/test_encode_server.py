@@ -1,12 +1,12 @@
 """The encoder server (`--encoder-only`): its HTTP app in a thread on the tiny model, items as the language
-server's processor leaves them (PNG pixel values, a JPEG still compressed), embeddings pushed over ZMQ equal
-to the whole model's vision tower, the per-image cache keyed by the language side's hash, and a corrupt
-image answered 400 (not an encoder failure)."""
+server's processor leaves them (PNG pixel values, a JPEG still compressed) in the typed wire form,
+embeddings pushed over ZMQ equal to the whole model's vision tower, the per-image cache keyed by the
+encoder's own hash of what it received, pushes only to registered endpoints, and a corrupt image
+answered 400 (not an encoder failure)."""
 
 from __future__ import annotations
 
 import io
-import pickle
 import threading
 import time
 
@@ -17,7 +17,8 @@ import torch
 import zmq
 from PIL import Image
 
-from sglang.srt.disaggregation.encode_protocol import ENCODE_PATH, EncodedEmbeddings, EncodeRequest
+from sglang.srt.disaggregation.encode_protocol import ENCODE_PATH, REGISTER_PATH, EncodeRequest
+from sglang.srt.disaggregation.encode_wire import decode_embedding_frames, encode_request_body
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.network import pick_unused_port
 
@@ -71,8 +72,16 @@ def items(tiny_model_dir):
     return mm.mm_items
 
 
-def _post(url: str, req: EncodeRequest):
-    return requests.post(url + ENCODE_PATH, data=pickle.dumps(req), timeout=60)
+def _post(url: str, req: EncodeRequest, register: bool = True):
+    if register:
+        r = requests.post(url + REGISTER_PATH, json={"reply_to": req.reply_to}, timeout=10)
+        assert r.status_code == 200, r.text
+    return requests.post(url + ENCODE_PATH, data=encode_request_body(req), timeout=60)
+
+
+def _received(sink) -> "EncodedEmbeddings":  # noqa: F821
+    assert sink.poll(10_000)
+    return decode_embedding_frames(sink.recv_multipart(), None, 1 << 30)
 
 
 def test_encode_pushes_the_whole_models_embeddings_and_caches_by_hash(encoder, items, tiny_model_dir):
@@ -89,8 +98,7 @@ def test_encode_pushes_the_whole_models_embeddings_and_caches_by_hash(encoder, i
         r = _post(url, EncodeRequest("r1", [0, 2, 5], items, f"tcp://127.0.0.1:{port}"))
         assert r.status_code == 200, r.text
         assert r.json()["cached"] == 0 and r.json()["items"] == 3
-        assert sink.poll(10_000)
-        msg = EncodedEmbeddings.from_frames(sink.recv_multipart())
+        msg = _received(sink)
         assert msg.rid == "r1" and msg.item_indices == [0, 2, 5]
         whole = get_model(str(tiny_model_dir("qwen3-vl-tiny")), "float32", "cpu", vit=ViTStrategy())
         with torch.no_grad():
@@ -100,8 +108,7 @@ def test_encode_pushes_the_whole_models_embeddings_and_caches_by_hash(encoder, i
         # the same images again, under another request: all three from the encoder's cache
         r = _post(url, EncodeRequest("r2", [0, 1, 2], items, f"tcp://127.0.0.1:{port}"))
         assert r.status_code == 200 and r.json()["cached"] == 3
-        assert sink.poll(10_000)
-        again = EncodedEmbeddings.from_frames(sink.recv_multipart())
+        again = _received(sink)
         assert again.rid == "r2" and all(torch.equal(a, b) for a, b in zip(again.embeddings, msg.embeddings))
         info = requests.get(url + "/get_server_info", timeout=10).json()
         assert info["num_encoded_items"] >= 3 and info["num_cached_items"] >= 3
@@ -123,7 +130,7 @@ def test_a_corrupt_jpeg_is_a_400_and_the_encoder_serves_on(encoder, items):
     r = _post(url, EncodeRequest("bad", [0], [bad], "tcp://127.0.0.1:9"))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
-    assert requests.post(url + ENCODE_PATH, data=b"not a pickle", timeout=10).status_code == 400
+    assert requests.post(url + ENCODE_PATH, data=b"not an encode request", timeout=10).status_code == 400
     assert requests.get(url + "/health", timeout=10).status_code == 200
 
 

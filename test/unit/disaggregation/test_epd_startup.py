@@ -39,6 +39,10 @@ def test_good_combinations_parse():
     assert (plain.encoder_only, plain.language_only, plain.encoder_urls) == (False, False, ())
     assert plain.encoder_transfer_backend == "zmq_to_scheduler"
     assert ServerArgs.from_argv(["--encoder-only"]).encoder_only
+    # an encoder's /encode bodies carry pixels: a larger default body limit there, the flag still wins
+    assert ServerArgs.from_argv(["--encoder-only"]).max_payload_size == 1 << 30
+    assert ServerArgs.from_argv(["--encoder-only", "--max-payload-size", "1Mi"]).max_payload_size == 1 << 20
+    assert plain.max_payload_size == 64 << 20
 
 
 def test_engine_refuses_encoder_only():
