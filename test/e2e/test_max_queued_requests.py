@@ -34,6 +34,14 @@ def test_a_full_queue_is_a_503_and_the_queued_request_completes(launch_server):
                              json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
         assert full.status_code == 503, full.text
         assert "The request queue is full." in json.dumps(full.json())
+        # streamed, too: a 503 status, not a 200 whose stream carries the error (as on a018ab2)
+        streamed = requests.post(server.url + "/generate", timeout=120, stream=True,
+                                 json={"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 2}})
+        assert streamed.status_code == 503, streamed.text
+        assert "The request queue is full." in streamed.text
+        chat = requests.post(server.url + "/v1/chat/completions", timeout=120, json={
+            "model": "default", "stream": True, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 503 and "The request queue is full." in chat.text, chat.text
         runner.join(300)
         queued.join(300)
         assert results["running"].status_code == 200 and results["queued"].status_code == 200

@@ -37,6 +37,7 @@ FAILED_COOLOFF_S = 5.0  # a failed encoder is tried last for this long
 HOLD_TTL_S = 120.0  # embeddings whose request never came are dropped after this long
 MAX_STRAY_MESSAGES = 1024  # embeddings held for requests not here yet, at most (oldest dropped first)
 MAX_STRAY_BYTES = 4 << 30
+QUEUE_FULL = "The request queue is full."  # upstream's message for --max-queued-requests
 
 
 def _unavailable(message: str) -> GenerateError:
@@ -364,19 +365,26 @@ class EmbeddingRendezvous:
             self.arrived_bytes -= sum(_nbytes(e) for e in entry[1].values())
             self.dropped += 1
 
-    def admit(self, msgs: list) -> list:
+    def admit(self, msgs: list, queued: int = 0, limit: int | None = None) -> list:
         """The messages to broadcast now: embeddings are consumed; a request whose embeddings are not all
         here is held; held requests that became complete (embeddings attached) or expired (`epd_error`
         set, answered 503 by every rank) join, in arrival order of this call's other messages after them.
         An abort of a held request releases it with `epd_error` set, so it is answered like any failed
-        request instead of never."""
+        request instead of never. `limit` (--max-queued-requests) counts held requests with the `queued`
+        ones: a request that would pass it is released at once, answered 503 as a full queue."""
         now = self.clock()
         out = []
         for msg in msgs:
             if isinstance(msg, EncodedEmbeddings):
                 self.add(msg)
             elif isinstance(msg, TokenizedGenerateReqInput) and msg.epd_pending_items:
-                self.held[msg.rid] = (now, msg)
+                if limit is not None and queued + len(self.held) >= limit:
+                    msg.epd_error = QUEUE_FULL
+                    msg.epd_pending_items = ()
+                    self._drop(msg.rid)
+                    out.append(msg)
+                else:
+                    self.held[msg.rid] = (now, msg)
             elif isinstance(msg, AbortReq) and msg.rid in self.held:
                 _, req = self.held.pop(msg.rid)
                 self._drop(msg.rid)

@@ -32,11 +32,12 @@ from sglang.srt.entrypoints.weight_routes import update_weights_request
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
+    ClientGone,
     collect_until_disconnect,
     drain,
     error_response,
     gather_finals,
-    hold_for_grammar,
+    hold_for_first_output,
     indexed_chunks,
     json_response,
     merge_streams,
@@ -300,9 +301,11 @@ def create_app(
         streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
         if groups[0][0].stream:
             try:
-                streams = await hold_for_grammar(prepared, streams)  # a grammar that fails: a 400, not an SSE error
+                streams = await hold_for_first_output(request, streams)  # a failure before running: its status
             except GenerateError as e:
                 return error_response(e)
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
             events = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))
             if server_args.stream_output:
                 events = stream_deltas(events)

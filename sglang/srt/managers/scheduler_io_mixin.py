@@ -134,7 +134,8 @@ class SchedulerIOMixin:
             except ValueError as e:
                 self.epd_rendezvous.dropped += 1
                 logger.warning("dropped an embedding message: %s", e)
-        return self.epd_rendezvous.admit(msgs)
+        queued = len(self.waiting) + (len(self.grammar_queue.pending) if self.grammar_queue else 0)
+        return self.epd_rendezvous.admit(msgs, queued, self.server_args.max_queued_requests)
 
     def _unwrap_shm_features(self, msgs: list) -> None:
         """Pixel data sent through shared memory is mapped only now, after the broadcast carried its
@@ -194,7 +195,7 @@ class SchedulerIOMixin:
         req.grammar_start_after = recv.grammar_start_after
         req.custom_logit_processor = recv.custom_logit_processor
         req.upstream_stages = frozenset(recv.stage_timings_ms)
-        if recv.epd_error:  # --language-only: its embeddings never reached rank 0
+        if recv.epd_error:  # --language-only: its embeddings never reached rank 0, or the queue was full
             self.finish(req, FinishReason("abort", message=recv.epd_error, status_code=503))
             return
         if self.stage_timer.enabled:

@@ -40,6 +40,10 @@ class _Rank0:
     _admit_epd = SchedulerIOMixin._admit_epd
 
     def __init__(self, sock, key):
+        from types import SimpleNamespace
+
+        self.waiting, self.grammar_queue = [], None
+        self.server_args = SimpleNamespace(max_queued_requests=None)
         self.epd_socket = sock
         self.epd_limits = (key, 1 << 20)
         self.epd_rendezvous = EmbeddingRendezvous(wait_s=60)

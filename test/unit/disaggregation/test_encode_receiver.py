@@ -204,6 +204,15 @@ def test_an_abort_answers_a_held_request():
     assert len(rv) == 0 and rv.arrived == {} and rv.arrived_bytes == 0
 
 
+def test_held_requests_count_against_max_queued_requests():
+    """On a018ab2 any number of requests could wait for embeddings beyond --max-queued-requests."""
+    rv = EmbeddingRendezvous()
+    out = rv.admit([_pending("h1"), _pending("h2"), _pending("h3")], queued=1, limit=3)
+    assert [m.rid for m in out] == ["h3"] and out[0].epd_error == "The request queue is full."
+    assert set(rv.held) == {"h1", "h2"}
+    assert rv.admit([_pending("h4")]) == [] and len(rv) == 3  # no limit given: held as before
+
+
 def test_strays_are_bounded_in_count_and_bytes_and_expire_without_traffic():
     clock = Clock()
     rv = EmbeddingRendezvous(wait_s=2, ttl_s=5, clock=clock, max_stray=3, max_stray_bytes=10 * 8)

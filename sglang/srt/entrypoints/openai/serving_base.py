@@ -2,8 +2,8 @@
 `OpenAIServingBase`, the request flow of the OpenAI endpoints (chat and completions).
 
 The flow: parse and validate the body, build a `GenerateReqInput`, tokenize; any problem so far is
-answered with its 4xx before a byte is streamed (a constrained stream also waits for its grammar to
-compile on the scheduler: `hold_for_grammar`). Then either stream SSE chunks (ending with
+answered with its 4xx before a byte is streamed (a stream also waits for its first output, so that what
+the scheduler decides before running it, a grammar or a full queue, is the status: `hold_for_first_output`). Then either stream SSE chunks (ending with
 `data: [DONE]`) or wait for the final output while watching for the client going away; a client
 that leaves has its request aborted in the scheduler either way.
 """
@@ -176,17 +176,32 @@ async def _resumed(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
         await rest.aclose()
 
 
-async def hold_for_grammar(prepared: list[Any], streams: list[AsyncIterator[T]]) -> list[AsyncIterator[T]]:
-    """Streams of constrained requests, held until every stream has its first output. A grammar
-    compiles on the scheduler ranks, not before the request is sent, so a bad one (invalid, empty
-    language, past the time limit) is known only from the request's first output: holding the response
-    until then lets it be a 400 naming the problem, not a 200 whose stream ends in an error event.
-    Without a constraint the streams are returned untouched (nothing is held). On an error every stream
-    is closed (aborting the others) and the first prompt's error is raised."""
-    if not any(t.sampling_params.grammar_key() is not None for t, _ in prepared):
-        return streams
+class ClientGone(Exception):
+    """The client disconnected while its stream was held (its requests are aborted)."""
+
+
+async def hold_for_first_output(request: Request | None, streams: list[AsyncIterator[T]]) -> list[AsyncIterator[T]]:
+    """Streams held until every one has its first output, so that what the scheduler decides about a
+    request before it runs (a grammar that fails to compile on its ranks, a full queue under
+    --max-queued-requests, a prompt its KV budget refuses) is the response's status (400, 503), not a
+    200 whose stream ends in an error event. The headers go out with the first token; nothing a stream
+    yields is lost. On an error every stream is closed (aborting the others) and the first prompt's
+    error is raised; a client that leaves while held has its requests aborted (ClientGone)."""
     # every stream is started (a prepared request not started would stay registered as preparing)
-    firsts = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
+    firsts_task = asyncio.ensure_future(asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True))
+    disconnect = asyncio.ensure_future(_wait_disconnect(request)) if request is not None else None
+    try:
+        await asyncio.wait({firsts_task} | ({disconnect} if disconnect else set()), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if disconnect is not None:
+            disconnect.cancel()
+    if not firsts_task.done():
+        firsts_task.cancel()
+        await asyncio.wait({firsts_task})
+        for s in streams:
+            await s.aclose()
+        raise ClientGone()
+    firsts = firsts_task.result()
     failed = next((f for f in firsts if isinstance(f, BaseException)), None)
     if failed is not None:
         for s in streams:
@@ -284,9 +299,11 @@ class OpenAIServingBase:
                               self._text_lane(), [t for t, _ in prepared])
         if req.stream:
             try:
-                streams = await hold_for_grammar(prepared, streams)  # a grammar that fails: a 400, not an SSE error
+                streams = await hold_for_first_output(request, streams)  # a failure before running: its status
             except GenerateError as e:
                 return error_response(e)
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
             tagged = merge_streams(streams)
             events = self._stream_events(req, ctx, tagged)
             return StreamingResponse(sse_stream(events, tagged), media_type="text/event-stream")

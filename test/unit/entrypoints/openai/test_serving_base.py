@@ -177,3 +177,65 @@ def test_sampling_from_request_takes_a_zero_limit_and_refuses_a_negative_one_by_
     assert sampling_from_request(Req(), 0)["max_new_tokens"] == 0  # prompt scoring: no output token
     with pytest.raises(GenerateError, match="max_completion_tokens must be at least 0, got -1"):
         sampling_from_request(Req(), -1, "max_completion_tokens")
+
+
+# ----------------------------------------------------------------------------- held streams
+def test_a_held_stream_turns_an_early_failure_into_its_status_and_closes_the_others():
+    """A full queue answers a stream before it runs: the status is the 503, not a 200 whose stream carries
+    the error (a018ab2 held only constrained streams)."""
+    import asyncio
+
+    from sglang.srt.entrypoints.openai.serving_base import hold_for_first_output
+    from sglang.srt.errors import GenerateError
+
+    closed = []
+
+    async def ok():
+        try:
+            yield {"text": "a"}
+            yield {"text": "b"}
+        finally:
+            closed.append("ok")
+
+    async def full():
+        raise GenerateError("The request queue is full.", 503, "service_unavailable")
+        yield  # pragma: no cover
+
+    async def run():
+        streams = await hold_for_first_output(None, [ok()])
+        got = [x async for x in streams[0]]
+        assert got == [{"text": "a"}, {"text": "b"}]  # the held first output is not lost
+        try:
+            await hold_for_first_output(None, [ok(), full()])
+        except GenerateError as e:
+            return e
+
+    e = asyncio.run(run())
+    assert e.status_code == 503 and closed == ["ok", "ok"]
+
+
+def test_a_client_that_leaves_while_its_stream_is_held_aborts_it():
+    import asyncio
+
+    from sglang.srt.entrypoints.openai.serving_base import ClientGone, hold_for_first_output
+
+    closed = []
+
+    class Leaving:
+        async def receive(self):
+            return {"type": "http.disconnect"}
+
+    async def never():
+        try:
+            await asyncio.Event().wait()
+            yield {}
+        finally:
+            closed.append(True)
+
+    async def run():
+        try:
+            await hold_for_first_output(Leaving(), [never()])
+        except ClientGone:
+            return True
+
+    assert asyncio.run(run()) and closed == [True]
