@@ -163,8 +163,8 @@ def launch_server(model_dir, tmp_path_factory):
     are stopped and checked for leftovers."""
     started: list[ServerProcess] = []
 
-    def launch(*extra_args: str, env: dict[str, str] | None = None) -> ServerProcess:
-        s = ServerProcess(model_dir, tmp_path_factory.mktemp("server"), list(extra_args), env=env)
+    def launch(*extra_args: str, env: dict[str, str] | None = None, model: Path | None = None) -> ServerProcess:
+        s = ServerProcess(model or model_dir, tmp_path_factory.mktemp("server"), list(extra_args), env=env)
         started.append(s)
         return s.wait_healthy()
 

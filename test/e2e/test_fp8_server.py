@@ -82,5 +82,8 @@ def test_an_fp8_kv_cache_serves_and_says_what_it_holds(model_dir, hf_ref, tmp_pa
         assert len(_greedy(server.url, "one_image", hf_ref)) == MAX_NEW
         log = server.log_path.read_text()
         assert "KV cache in float8_e4m3fn" in log and "scales for 2 layers" in log, log[-2000:]
+        # what the pool attention reads actually holds, not what the flag asked for
+        paths = requests.get(server.url + "/get_server_info", timeout=60).json()["paths"]
+        assert paths["kv_cache"] == {"dtype": "float8_e4m3fn", "layers_with_scales": 2, "scale_range": [0.5, 0.5]}
     finally:
         server.close(signal.SIGTERM)

@@ -14,11 +14,15 @@ pytest.importorskip("llguidance")  # declared, so installed on CPU; the GPU imag
 
 
 @pytest.fixture(scope="module")
-def oai(launch_server):
+def lg_server(launch_server):
+    return launch_server("--grammar-backend", "llguidance", "--constrained-json-max-whitespace-cnt", "2")
+
+
+@pytest.fixture(scope="module")
+def oai(lg_server):
     import openai
 
-    server = launch_server("--grammar-backend", "llguidance", "--constrained-json-max-whitespace-cnt", "2")
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=lg_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -46,3 +50,13 @@ def test_an_invalid_regex_is_a_400_and_the_server_keeps_serving(oai):
         oai.chat.completions.create(model="m", messages=MSGS, max_tokens=5, extra_body={"regex": "(unclosed"})
     r = oai.chat.completions.create(model="m", messages=MSGS, max_tokens=3)
     assert r.choices[0].message.content is not None
+
+
+def test_llguidance_is_what_compiled_the_grammars(oai, lg_server):
+    """The grammars were compiled by llguidance, read from the scheduler's own counter (a server asked for
+    llguidance that fell back to xgrammar passed every output check above on a018ab2)."""
+    import requests
+
+    oai.chat.completions.create(model="m", messages=MSGS, max_tokens=8, extra_body={"regex": "[a-c]{3}"})
+    compiles = requests.get(lg_server.url + "/get_server_info", timeout=60).json()["paths"]["grammar_compiles"]
+    assert set(compiles) == {"llguidance"} and compiles["llguidance"] >= 1, compiles

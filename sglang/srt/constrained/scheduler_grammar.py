@@ -106,6 +106,11 @@ def ref_only_cycle(schema) -> bool:
     return False
 
 
+def backend_name(backend) -> str:
+    """The grammar library a backend object runs, from the object itself."""
+    return getattr(backend, "name", None) or type(backend).__name__.removesuffix("Backend").lower()
+
+
 def _json_nodes(tag) -> list[tuple[str, object]]:
     """(path, schema) of every json_schema node of a structural tag (tool calls' parameters included)."""
     found, stack = [], [(tag, "$")]
@@ -127,16 +132,24 @@ class GrammarQueue:
         self.backend = backend or make_grammar_backend(server_args.grammar_backend, tokenizer, vocab_size,
                                                        sorted(eos_ids), JsonOptions.from_server_args(server_args))
         # the backend is read at compile time (tests swap it)
-        self.cache = GrammarCache(lambda key: compile_checked(self.backend, key), max_entries, threads=SCHEDULER_COMPILE_PLACES,
+        self.cache = GrammarCache(self._compile, max_entries, threads=SCHEDULER_COMPILE_PLACES,
                                   name="sglang-sched-grammar", max_bytes=int(envs.SGLANG_GRAMMAR_CACHE_MB.get() * (1 << 20)),
                                   size_of=lambda compiled: getattr(compiled, "memory_size_bytes", 0),
                                   timeout_s=envs.SGLANG_GRAMMAR_COMPILE_TIMEOUT_S.get(),
                                   prepare=getattr(self.backend, "prepare", None))
         self.tp = tp
         self.pending: list[tuple[object, Future]] = []
+        self.compiles: dict[str, int] = {}  # backend -> grammars compiled (attempts, failures included)
 
     def __len__(self) -> int:
         return len(self.pending)
+
+    def _compile(self, key: tuple[str, str]):
+        """compile_checked, counted under the backend that really compiled it (observable: a server asked
+        for llguidance that compiles with xgrammar shows it in /get_server_info)."""
+        name = backend_name(self.backend)
+        self.compiles[name] = self.compiles.get(name, 0) + 1
+        return compile_checked(self.backend, key)
 
     def add(self, req, key: tuple[str, str]) -> None:
         self.pending.append((req, self.cache.get(key)))

@@ -57,3 +57,13 @@ def broadcast_pyobj(obj, tp: TPInfo, src: int = 0, timing: dict | None = None):
     if timing is not None:
         timing["wall_ms"] = (time.perf_counter() - start) * 1e3
     return out
+
+
+def all_gather_pyobj(obj, tp: TPInfo) -> list:
+    """Every rank's `obj` (small, picklable: counters for /get_server_info), in rank order, on every rank,
+    over the CPU group. [obj] at tp size 1."""
+    if tp.size == 1:
+        return [obj]
+    out: list = [None] * tp.size
+    dist.all_gather_object(out, obj, group=tp.cpu_group)
+    return out

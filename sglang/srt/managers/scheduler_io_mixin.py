@@ -11,7 +11,7 @@ import time
 
 import zmq
 
-from sglang.srt.distributed.communication_op import broadcast_pyobj
+from sglang.srt.distributed.communication_op import all_gather_pyobj, broadcast_pyobj
 from sglang.srt.managers.io_struct import (
     AbortReq,
     FinishReason,
@@ -350,4 +350,15 @@ class SchedulerIOMixin:
             # this rank's compiled grammars, and the requests waiting for theirs (no KV held)
             "grammar_cache": self.grammar_queue.cache.stats() if self.grammar_queue is not None else None,
             "num_grammar_queue_reqs": len(self.grammar_queue) if self.grammar_queue is not None else 0,
+            **self._path_info(),
         }
+
+    def _path_info(self) -> dict:
+        """What actually ran (counters and facts read from the objects doing the work, not settings):
+        this rank's under "paths", every TP rank's model paths under "tp_rank_paths" (each rank answers
+        the same GetServerInfoReq in the same order, so the gather lines up). docs/observability.md"""
+        model_paths = self.worker.path_stats()
+        return {"paths": {**model_paths,
+                          "grammar_compiles": dict(self.grammar_queue.compiles) if self.grammar_queue is not None else {},
+                          "overlap_steps_launched": getattr(self, "num_overlap_launches", 0)},
+                "tp_rank_paths": all_gather_pyobj(model_paths, self.tp)}

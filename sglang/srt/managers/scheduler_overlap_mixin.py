@@ -109,6 +109,7 @@ class SchedulerOverlapMixin:
             self.batch_failed(batch, e)
             return None
         self._launched.append(launched)
+        self.num_overlap_launches = getattr(self, "num_overlap_launches", 0) + 1  # observable in /get_server_info
         return launched
 
     def batch_failed(self, batch: ScheduleBatch, error: Exception) -> None:

@@ -202,3 +202,8 @@ class TpModelWorker:
 
     def mm_stats(self) -> dict:
         return self.model_runner.mm_embedder.stats()
+
+    def path_stats(self) -> dict:
+        from sglang.srt.model_executor.path_stats import path_stats
+
+        return path_stats(self.model_runner)

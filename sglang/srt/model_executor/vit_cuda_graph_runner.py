@@ -91,12 +91,16 @@ class ViTCudaGraphRunner:
         self._bufs: dict[int, _Bucket] = {}
         self._pool = None
         self.replays = 0  # graph replays (CUDA) or padded eager runs (no capture); eager fallbacks not counted
+        self.captures = 0
+        self.fallbacks = 0  # calls no bucket fits (run eagerly, unpadded)
+        self.by_bucket: dict[int, int] = {}
 
     def __call__(self, pixel_values: torch.Tensor, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
         n = pixel_values.shape[0]
         cu = image_cu_seqlens(grid_thw)
         bucket = pick_bucket(n, self.buckets)
         if bucket is None or len(cu) - 1 > self.max_segments:
+            self.fallbacks += 1
             return self.tower(pixel_values, grid_thw)
         buf = self._buffers(bucket, pixel_values)
         cos, sin = self.tower.rotary_cos_sin(grid_thw, pixel_values.device)
@@ -111,6 +115,7 @@ class ViTCudaGraphRunner:
         seg = padded_segments(cu, bucket, segment_slots(bucket, self.max_segments))
         buf.cu.copy_(torch.tensor(seg, dtype=torch.int32), non_blocking=True)
         self.replays += 1
+        self.by_bucket[bucket] = self.by_bucket.get(bucket, 0) + 1
         if not self.capture:
             segments = VisionSegments(buf.cu, bucket, tuple(seg))
             return self.tower.forward_embedded(buf.pixels, buf.pos, buf.cos, buf.sin, segments)[: n // self.unit]
@@ -118,6 +123,11 @@ class ViTCudaGraphRunner:
             self._capture(bucket, buf)
         buf.graph.replay()
         return buf.out[: n // self.unit].clone()  # the next replay overwrites the static output
+
+    def stats(self) -> dict:
+        """What ran through the runner (observable: a runner attached but bypassed stays at zero)."""
+        return {"replays": self.replays, "captures": self.captures, "fallbacks": self.fallbacks,
+                "captured": self.capture, "by_bucket": {str(b): n for b, n in sorted(self.by_bucket.items())}}
 
     def _buffers(self, bucket: int, pixel_values: torch.Tensor) -> _Bucket:
         if bucket not in self._bufs:
@@ -148,4 +158,5 @@ class ViTCudaGraphRunner:
         with torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
             buf.out = run()
         buf.graph = graph
+        self.captures += 1
         logger.info("captured the ViT CUDA graph for %d patches", bucket)

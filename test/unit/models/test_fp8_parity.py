@@ -88,3 +88,22 @@ def test_an_fp8_kv_cache_tracks_the_float_cache(kv_cache_dtype, tiny_model_dir):
     r, mad = _figures(ours, hf_logits(hf, ids, mm.mm_items), ids)
     print(f"qwen3-vl-tiny kv {kv_cache_dtype}: Pearson r {r:.5f}, mean |dlogprob| {mad:.4f}")
     assert r >= MIN_PEARSON_TINY, (r, mad)
+
+
+@pytest.mark.parametrize("scales", [(0.25, 4.0), (3.0, 0.5)])
+def test_non_unit_kv_scales_fold_back_into_attention(scales, tiny_model_dir):
+    """Scales other than 1.0 on every layer: the pool stores K / k_scale and V / v_scale, and attention must
+    fold them back (q * k_scale, output * v_scale). With the fold skipped the scores and outputs are off by
+    those factors and the logits fall far below the bound (checked: Pearson 0.59 and 0.68); on
+    a018ab2 every FP8 parity test ran with scales of 1.0, where skipping the fold changes nothing."""
+    path = str(tiny_model_dir("qwen3-vl-tiny"))
+    _, sb = make_runner(path, kv_cache_dtype="fp8_e4m3")
+    pool = sb.runner.token_to_kv_pool
+    pool.scales = [tuple(scales)] * len(pool.scales)
+    proc = small_processor(path, **PROC["qwen3-vl-tiny"])
+    ids, mm = _prompt(proc)
+    ours = torch.cat(our_logits(sb, [(ids, mm)], chunk_size=8))
+    hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval().to(TEST_DEVICE)
+    r, mad = _figures(ours, hf_logits(hf, ids, mm.mm_items), ids)
+    print(f"qwen3-vl-tiny kv fp8_e4m3 scales {scales}: Pearson r {r:.5f}, mean |dlogprob| {mad:.4f}")
+    assert r >= MIN_PEARSON_TINY, (r, mad)
