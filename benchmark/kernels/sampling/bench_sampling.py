@@ -8,7 +8,7 @@ timed steps; CPU: the fastest of them). On CUDA both paths are timed and their i
 elsewhere only the torch path is timed (the Triton interpreter would take minutes) and the kernel's figure
 is its pass count.
 
-  python sgl-kernel/benchmark/bench_sampling.py [--batch-sizes 1,64,160] [--vocab 151936] [--out rows.jsonl]
+  python benchmark/kernels/sampling/bench_sampling.py [--batch-sizes 1,64,160] [--vocab 151936] [--out rows.jsonl]
 """
 
 from __future__ import annotations
