@@ -18,9 +18,11 @@ from conftest import wait_until
 
 T = TypeVar("T")
 
-# The freezes this guards against lasted 13-270 s; a free event loop answers in milliseconds, so the
-# limit leaves room for a loaded 2-core machine without letting a real stall pass.
-HEALTH_LIMIT_S = 2.0
+# The freezes this guards against lasted 13-270 s; a free event loop answers in milliseconds. The bound
+# docs/reliability.md promises for /health beside hostile work is 5 s: measured, not used as a socket
+# timeout, so a slow probe on a loaded machine fails with its figure instead of a connection error.
+HEALTH_LIMIT_S = 5.0
+HEALTH_SOCKET_TIMEOUT_S = 120.0
 HOSTILE_TIMEOUT_S = 300.0
 # a 4-token request answers in well under a second on an idle server; one stalled scheduler step took 274 s
 ORDINARY_TIMEOUT_S = 60.0
@@ -31,9 +33,11 @@ ORDINARY_BODY = {"text": "The capital of France is", "sampling_params": {"max_ne
 def health_latency(url: str) -> float:
     """Seconds /health took to answer 200; fails when it answers otherwise or not within the limit."""
     t0 = time.monotonic()
-    r = requests.get(url + "/health", timeout=HEALTH_LIMIT_S)
+    r = requests.get(url + "/health", timeout=HEALTH_SOCKET_TIMEOUT_S)
+    took = time.monotonic() - t0
     assert r.status_code == 200, f"/health answered {r.status_code}: {r.text}"
-    return time.monotonic() - t0
+    assert took <= HEALTH_LIMIT_S, f"/health took {took:.2f} s beside the hostile request (bound {HEALTH_LIMIT_S} s)"
+    return took
 
 
 def running_requests(url: str) -> int:

@@ -1,6 +1,7 @@
 """What a grammar's text may be before anything compiles it: at most SGLANG_GRAMMAR_MAX_BYTES (a 400
 naming the limit, through SamplingParams.verify), and no multi-schema allOf, which xgrammar 0.2.8
-compiles as anyOf (checked against xgrammar itself: the refused schema really is not enforced)."""
+compiled as anyOf (grammar_limits.py says why; no test here asserts what a library gets wrong, so a
+release that fixes it cannot turn the suite red)."""
 
 from __future__ import annotations
 
@@ -55,12 +56,3 @@ def test_what_stays_accepted():
     for field in ("json_schema", "structural_tag"):  # a 400 naming it, not a RecursionError (500)
         with pytest.raises(SamplingParamsError, match=f"{field} nests too deeply"):
             SamplingParams(**{field: '{"a":' * 10000 + "1" + "}" * 10000}).verify()
-
-
-def test_xgrammar_does_not_enforce_what_is_refused(tiny_model_dir):
-    """Why the refusal: xgrammar 0.2.8 accepts output valid against either schema of the allOf."""
-    from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
-
-    backend = XGrammarBackend(str(tiny_model_dir("qwen3-vl-tiny")), 151936)
-    compiled = backend.compile(("json_schema", json.dumps(STRING_AND_INTEGER)))
-    assert backend.matcher(compiled).accept_string('"text"') and backend.matcher(compiled).accept_string("3")

@@ -120,12 +120,14 @@ def test_zmq_to_tokenizer_attaches_the_embeddings():
 
 def test_every_encoder_down_is_a_503_at_once():
     req = _req("r3")
-    d = FakeDispatcher(["http://a", "http://b", "http://c"], dict.fromkeys(["http://a", "http://b", "http://c"], "down"))
+    # a timeout far past the bound below: waiting on it instead of failing at once cannot pass
+    d = FakeDispatcher(["http://a", "http://b", "http://c"], dict.fromkeys(["http://a", "http://b", "http://c"], "down"),
+                       timeout_s=600)
     t0 = time.monotonic()
     with pytest.raises(GenerateError) as e:
         asyncio.run(d.encode(req))
     assert e.value.status_code == 503 and "no encoder could encode" in e.value.message
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 60
     assert {u for u, _ in d.calls} == {"http://a", "http://b", "http://c"}
     assert all(v == 0 for v in d.pool.outstanding.values())
 
@@ -309,7 +311,7 @@ def test_http_5xx_timeouts_and_refused_connections_move_items_on(tmp_path):
             t0 = time.monotonic()
             with pytest.raises(GenerateError) as e:
                 await d.encode(_req("h2", grids=((1, 2, 2),)))
-            assert time.monotonic() - t0 < 3
+            assert time.monotonic() - t0 < 30  # the hanging one is held until the end: waiting on it never ends
             assert e.value.status_code == 503 and "3 tried" in e.value.message and "HTTP 500" in e.value.message
             await d.close()
         finally:
