@@ -38,12 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang.testing import model_manifest
-from sglang.testing.hf_configs import build_config_dict, build_generation_config, build_preprocessor_config
-from sglang.testing.presets import PRESETS, ModelPreset, get_preset, resolve_dtype, with_text_layers
+from sglang.testing import hf_configs, model_manifest, qwen3_5_checkpoint
+from sglang.testing import tensor_specs as _vl_specs
+from sglang.testing.presets import QWEN3_5, ModelPreset, get_preset, list_presets, resolve_dtype, with_text_layers
 # the safetensors writer; `_write_weights` calls it through this module's name (tests swap it here)
 from sglang.testing.safetensors_writer import _write_safetensors, plan_shards  # noqa: F401
-from sglang.testing.tensor_specs import count_parameters, tensor_specs  # noqa: F401  (this module's public names)
 from sglang.testing.weight_gen import (  # noqa: F401  (re-exported: the public names of this module)
     BIAS,
     EMBED,
@@ -59,6 +58,44 @@ from sglang.testing.weight_gen import (  # noqa: F401  (re-exported: the public 
 )
 
 _float32_to_bf16_bits = float32_to_bf16_bits
+
+
+# ----------------------------------------------------------------------------- per family
+# Qwen3.5 (hybrid DeltaNet decoder) is written by qwen3_5_checkpoint.py, the Qwen-VL families by
+# hf_configs.py / tensor_specs.py; these are this module's public names for both.
+
+
+def _files(preset: str | ModelPreset):
+    return qwen3_5_checkpoint if get_preset(preset).family == QWEN3_5 else hf_configs
+
+
+def tensor_specs(preset: str | ModelPreset) -> list[TensorSpec]:
+    """All checkpoint tensors (Hub names, shapes, init kinds), in file order."""
+    p = get_preset(preset)
+    return qwen3_5_checkpoint.tensor_specs(p) if p.family == QWEN3_5 else _vl_specs.tensor_specs(p)
+
+
+def count_parameters(preset: str | ModelPreset, part: str = "all") -> int:
+    """Parameter count of the checkpoint (tied lm_head counted once). ``part``: "all", "vision" or "text"."""
+    p = get_preset(preset)
+    if p.family != QWEN3_5:
+        return _vl_specs.count_parameters(p, part)
+    if part not in ("all", "vision", "text"):
+        raise ValueError(part)
+    return sum(s.numel for s in tensor_specs(p) if part == "all" or ("visual." in s.name) == (part == "vision"))
+
+
+def build_config_dict(preset: str | ModelPreset, dtype: str | None = None) -> dict:
+    return _files(preset).build_config_dict(preset, dtype)
+
+
+def build_generation_config(preset: str | ModelPreset) -> dict:
+    return _files(preset).build_generation_config(preset)
+
+
+def build_preprocessor_config(preset: str | ModelPreset) -> dict:
+    return _files(preset).build_preprocessor_config(preset)
+
 
 # Bump whenever the bytes of a generated model change (values, layout, file set): folders made by
 # another version are regenerated instead of reused.  3: blocked, parallel SFC64 generation.
@@ -204,6 +241,8 @@ def build_model(
     out = Path(out_dir)
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    if quantize is not None and p.family == QWEN3_5:
+        raise ValueError(f"{p.name}: no {quantize} layout is written for Qwen3.5 checkpoints yet")
     identity = _identity(p, seed, d, max_shard_bytes, quantize)
     if force:
         reason = "forced"
@@ -346,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--preset", choices=sorted(PRESETS), help="model preset")
+    ap.add_argument("--preset", choices=sorted(list_presets()), help="model preset")
     ap.add_argument("--out", help="output directory (reused as is when it already holds this model)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the preset's)")
@@ -363,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.list:
-        for name, p in PRESETS.items():
+        for name in list_presets():
+            p = get_preset(name)
             print(f"{name:16s} {p.family:11s} {count_parameters(p):>15,d} params  default dtype {p.default_dtype}")
         return 0
     if not args.preset or not args.out:

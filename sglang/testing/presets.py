@@ -5,6 +5,9 @@ Two families are covered, with the Hugging Face layout that transformers 5.x wri
 * ``qwen3_vl``  (``Qwen3VLForConditionalGeneration``; with ``TextPreset.moe`` set,
   ``Qwen3VLMoeForConditionalGeneration``, model_type ``qwen3_vl_moe``, experts in the released fused layout)
 * ``qwen2_5_vl`` (``Qwen2_5_VLForConditionalGeneration``)
+* ``qwen3_5`` (``Qwen3_5ForConditionalGeneration``: hybrid Gated DeltaNet / gated full attention text
+  decoder, Qwen3-VL's vision tower without deepstack); its presets live in ``QWEN3_5_PRESETS``, outside
+  ``PRESETS``, whose tests expect the Qwen3-VL / Qwen2.5-VL token ids and transformers classes
 
 Tiny presets (``qwen3-vl-tiny``, ``qwen2.5-vl-tiny``) are for fast CPU tests; the others are
 shape-true replicas of the public checkpoints (random values, real shapes and configs).
@@ -30,8 +33,9 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 QWEN3_VL_MOE = "qwen3_vl_moe"  # a model_type of the qwen3_vl family (same tokenizer, vision tower)
+QWEN3_5 = "qwen3_5"
 _ARCH = {QWEN3_VL: "Qwen3VLForConditionalGeneration", QWEN2_5_VL: "Qwen2_5_VLForConditionalGeneration",
-         QWEN3_VL_MOE: "Qwen3VLMoeForConditionalGeneration"}
+         QWEN3_VL_MOE: "Qwen3VLMoeForConditionalGeneration", QWEN3_5: "Qwen3_5ForConditionalGeneration"}
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -389,18 +393,74 @@ _register(
 TINY_PRESETS = tuple(n for n, p in PRESETS.items() if p.tiny)
 LARGE_PRESETS = tuple(n for n, p in PRESETS.items() if not p.tiny)
 
+# ----------------------------------------------------------------------------- Qwen3.5
+# Sources: Qwen/Qwen3.5-4B's config.json (transformers 5.7 print of it): token ids below, vocab 248320,
+# eos 248044, layer_types linear x3 + full (full_attention_interval 4), head_dim 256 with
+# partial_rotary_factor 0.25 and mrope_section [11, 11, 10] interleaved (sums to 64 / 2), rope_theta 1e7,
+# linear_conv_kernel_dim 4, mamba_ssm_dtype float32, mtp_num_hidden_layers 1 (the `mtp.*` tensors), vision
+# tower with deepstack_visual_indexes []. transformers 5.24's Qwen3_5Config defaults hold the same ids.
+QWEN3_5_IMAGE_TOKEN_ID, QWEN3_5_VIDEO_TOKEN_ID = 248056, 248057
+QWEN3_5_VISION_START_TOKEN_ID, QWEN3_5_VISION_END_TOKEN_ID = 248053, 248054
+QWEN3_5_ENDOFTEXT_ID, QWEN3_5_IM_END_ID = 248044, 248046  # <|endoftext|> (config eos), <|im_end|> (chat end)
+QWEN3_5_VOCAB_SIZE = 248320
+
+
+@dataclass(frozen=True)
+class LinearAttnPreset:
+    """Gated DeltaNet geometry and the layer pattern of a hybrid decoder."""
+
+    layer_types: tuple[str, ...]  # "linear_attention" / "full_attention", one per text layer
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+    partial_rotary_factor: float = 0.25  # of the full-attention head_dim; mrope_section covers only this part
+    mtp_layers: int = 1  # multi-token-prediction layers written as `mtp.*` (served models skip them)
+
+
+@dataclass(frozen=True)
+class HybridTextPreset(TextPreset):
+    linear: LinearAttnPreset | None = None  # set for every Qwen3.5 preset (a default only for field order)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.linear.partial_rotary_factor)
+
+
+QWEN3_5_PRESETS: dict[str, ModelPreset] = {
+    "qwen3.5-tiny": ModelPreset(
+        name="qwen3.5-tiny",
+        family=QWEN3_5,
+        vision=replace(PRESETS["qwen3-vl-tiny"].vision, depth=2, deepstack_visual_indexes=()),
+        text=HybridTextPreset(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2,
+            head_dim=32,  # rotary dim 32 * 0.25 = 8: four frequencies, so t, h and w each drive one
+            vocab_size=QWEN3_5_VOCAB_SIZE, rope_theta=10_000_000.0,
+            mrope_section=(2, 1, 1),  # interleaved: frequencies t h w t
+            mrope_interleaved=True, max_position_embeddings=4096,
+            linear=LinearAttnPreset(("linear_attention",) * 3 + ("full_attention",), num_key_heads=2,
+                                    num_value_heads=4, key_head_dim=16, value_head_dim=16),
+        ),
+        tie_word_embeddings=True, default_dtype="float32",
+        image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5),
+        min_pixels=4 * 32 * 32, max_pixels=512 * 512, init=_TINY_INIT, tiny=True,
+    ),
+}
+
 
 def list_presets() -> list[str]:
-    return list(PRESETS)
+    return list(PRESETS) + list(QWEN3_5_PRESETS)
 
 
 def get_preset(name: str | ModelPreset) -> ModelPreset:
     if isinstance(name, ModelPreset):
         return name
     try:
-        return PRESETS[name]
+        return PRESETS[name] if name in PRESETS else QWEN3_5_PRESETS[name]
     except KeyError:
-        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+        raise KeyError(f"unknown preset {name!r}; known: {', '.join(list_presets())}") from None
 
 
 def with_text_layers(preset: str | ModelPreset, num_layers: int) -> ModelPreset:
@@ -413,7 +473,10 @@ def with_text_layers(preset: str | ModelPreset, num_layers: int) -> ModelPreset:
         raise ValueError(f"{p.name} takes {floor}..{p.text.num_hidden_layers} text layers, got {num_layers}")
     if num_layers == p.text.num_hidden_layers:
         return p
-    return replace(p, name=f"{p.name}-{num_layers}l", text=replace(p.text, num_hidden_layers=num_layers))
+    text = replace(p.text, num_hidden_layers=num_layers)
+    if isinstance(text, HybridTextPreset):  # the layer pattern is cut with the layers
+        text = replace(text, linear=replace(text.linear, layer_types=text.linear.layer_types[:num_layers]))
+    return replace(p, name=f"{p.name}-{num_layers}l", text=text)
 
 
 def resolve_dtype(preset: ModelPreset, dtype: str | None) -> str:

@@ -13,6 +13,11 @@ Id layout, mirroring the real Qwen vocabulary:
   produces them, so encoding never emits them; decoding them yields their literal text;
 * ``151643 ..``: the Qwen added tokens (special and non-special), exactly as in Qwen.
 
+Family ``qwen3_5`` keeps this layout with Qwen3.5's larger vocabulary: the fillers run up to 248043 and
+the same added tokens, in the same order, start at ``<|endoftext|>`` = 248044 (``<|im_end|>`` 248046,
+``<|vision_start|>`` 248053, ``<|image_pad|>`` 248056, ...), the ids of Qwen3.5's config; its
+pre-tokenizer is Qwen3.5's regex (letters with their combining marks). The trained BPE is shared.
+
 No transformers import is needed to build or write the files.
 """
 
@@ -68,6 +73,19 @@ _QWEN3_EXTRA_TOKENS: tuple[tuple[int, str, bool], ...] = (
 
 SPECIAL_TOKEN_IDS: dict[str, int] = {c: i for i, c, _ in _QWEN_ADDED_TOKENS_COMMON + _QWEN3_EXTRA_TOKENS}
 
+# Qwen3.5 (Qwen/Qwen3.5-4B config.json: <|endoftext|> 248044 ... <|video_pad|> 248057): the Qwen3 added
+# tokens moved up by one offset. Ids past <|video_pad|> follow the same offset (not checked against a
+# released tokenizer.json).
+QWEN3_5_FIRST_SPECIAL_ID = 248044
+_QWEN3_5_ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = tuple(
+    (i - FIRST_SPECIAL_ID + QWEN3_5_FIRST_SPECIAL_ID, c, special)
+    for i, c, special in _QWEN_ADDED_TOKENS_COMMON + _QWEN3_EXTRA_TOKENS
+)
+# Qwen3.5's pre-tokenization regex (transformers' Qwen3_5Tokenizer): \p{M} joins letters and marks.
+QWEN3_5_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -83,7 +101,19 @@ def added_tokens(family: str = "qwen3_vl") -> tuple[tuple[int, str, bool], ...]:
         return _QWEN_ADDED_TOKENS_COMMON + _QWEN3_EXTRA_TOKENS
     if family == "qwen2_5_vl":
         return _QWEN_ADDED_TOKENS_COMMON
+    if family == "qwen3_5":
+        return _QWEN3_5_ADDED_TOKENS
     raise ValueError(f"unknown model family {family!r}")
+
+
+def first_special_id(family: str = "qwen3_vl") -> int:
+    """The id of ``<|endoftext|>``: the fillers end just below it."""
+    return QWEN3_5_FIRST_SPECIAL_ID if family == "qwen3_5" else FIRST_SPECIAL_ID
+
+
+def _template_family(family: str) -> str:
+    """Qwen3.5 checkpoints here take the Qwen3-VL template (same markers, thinking switch)."""
+    return "qwen3_vl" if family == "qwen3_5" else family
 
 
 def reserved_token(token_id: int) -> str:
@@ -133,10 +163,12 @@ def tokenizer_json(family: str = "qwen3_vl") -> str:
     n = len(vocab)
     if sorted(vocab.values()) != list(range(n)):
         raise RuntimeError("trained BPE vocabulary is not contiguous")
-    if n >= FIRST_SPECIAL_ID:
+    first_special = first_special_id(family)
+    regex = QWEN3_5_PRETOKENIZE_REGEX if family == "qwen3_5" else QWEN2_PRETOKENIZE_REGEX
+    if n >= first_special:
         raise RuntimeError("trained vocabulary too large")
     full_vocab = dict(sorted(vocab.items(), key=lambda kv: kv[1]))
-    for i in range(n, FIRST_SPECIAL_ID):
+    for i in range(n, first_special):
         name = reserved_token(i)
         assert name not in full_vocab
         full_vocab[name] = i
@@ -164,7 +196,7 @@ def tokenizer_json(family: str = "qwen3_vl") -> str:
             "pretokenizers": [
                 {
                     "type": "Split",
-                    "pattern": {"Regex": QWEN2_PRETOKENIZE_REGEX},
+                    "pattern": {"Regex": regex},
                     "behavior": "Isolated",
                     "invert": False,
                 },
@@ -204,7 +236,7 @@ def build_tokenizer(family: str = "qwen3_vl"):
 
 
 def trained_vocab_size() -> int:
-    """Number of real (trained) BPE entries; ids at and above this up to 151642 are fillers."""
+    """Number of real (trained) BPE entries; ids at and above this up to the first special id are fillers."""
     return len(json.loads(_trained_model_json())["model"]["vocab"])
 
 
@@ -227,7 +259,7 @@ def tokenizer_config(family: str = "qwen3_vl", model_max_length: int = 32768) ->
         "added_tokens_decoder": added_decoder,
         "additional_special_tokens": list(ADDITIONAL_SPECIAL_TOKENS),
         "bos_token": None,
-        "chat_template": _chat_template(family),
+        "chat_template": _chat_template(_template_family(family)),
         "clean_up_tokenization_spaces": False,
         "eos_token": IM_END,
         "errors": "replace",
@@ -264,7 +296,7 @@ def write_tokenizer_files(out_dir: str | os.PathLike, family: str = "qwen3_vl", 
         "tokenizer.json": tokenizer_json(family),
         "tokenizer_config.json": json.dumps(tokenizer_config(family, model_max_length), indent=2, ensure_ascii=False) + "\n",
         "special_tokens_map.json": json.dumps(special_tokens_map(), indent=2, ensure_ascii=False) + "\n",
-        "chat_template.jinja": _chat_template(family),
+        "chat_template.jinja": _chat_template(_template_family(family)),
     }
     written = []
     for name, text in files.items():
@@ -274,7 +306,7 @@ def write_tokenizer_files(out_dir: str | os.PathLike, family: str = "qwen3_vl", 
 
 
 def chat_template(family: str = "qwen3_vl") -> str:
-    return _chat_template(family)
+    return _chat_template(_template_family(family))
 
 
 __all__ = [

@@ -11,10 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sglang.srt.configs.qwen3_5_config import QWEN3_5_ARCH, HybridAttentionConfig, parse_hybrid_attention
+
 QWEN3_VL_ARCH = "Qwen3VLForConditionalGeneration"
 QWEN3_VL_MOE_ARCH = "Qwen3VLMoeForConditionalGeneration"
 QWEN2_5_VL_ARCH = "Qwen2_5_VLForConditionalGeneration"
-_MODEL_TYPE_TO_ARCH = {"qwen3_vl": QWEN3_VL_ARCH, "qwen3_vl_moe": QWEN3_VL_MOE_ARCH, "qwen2_5_vl": QWEN2_5_VL_ARCH}
+_MODEL_TYPE_TO_ARCH = {"qwen3_vl": QWEN3_VL_ARCH, "qwen3_vl_moe": QWEN3_VL_MOE_ARCH, "qwen2_5_vl": QWEN2_5_VL_ARCH,
+                       "qwen3_5": QWEN3_5_ARCH}
+# model types whose vision tower is Qwen3-VL's and whose M-RoPE is interleaved (Qwen3.5: without deepstack)
+_QWEN3_VISION_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 _ARCH_TO_MODEL_TYPE = {arch: model_type for model_type, arch in _MODEL_TYPE_TO_ARCH.items()}
 
 
@@ -77,6 +82,7 @@ class TextConfig:
     attention_bias: bool
     hidden_act: str = "silu"
     moe: MoEConfig | None = None  # None: every layer has a dense MLP
+    hybrid: HybridAttentionConfig | None = None  # Qwen3.5: linear-attention layers; None: all full attention
 
 
 @dataclass(frozen=True)
@@ -181,14 +187,16 @@ def _parse_moe(cfg: dict[str, Any]) -> MoEConfig | None:
 
 def _parse_text(cfg: dict[str, Any], model_type: str) -> TextConfig:
     rope = _rope_params(cfg)
-    qwen3 = model_type in ("qwen3_vl", "qwen3_vl_moe")
+    qwen3 = model_type in _QWEN3_VISION_TYPES
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    hybrid = parse_hybrid_attention(cfg, rope, head_dim) if model_type == "qwen3_5" else None
+    rotary_dim = hybrid.rotary_dim if hybrid is not None else head_dim
     section = tuple(rope.get("mrope_section") or ())
     if not section:
         raise ValueError("text config has no mrope_section: not a Qwen-VL M-RoPE model")
-    if sum(section) != head_dim // 2:
-        raise ValueError(f"mrope_section {section} must sum to head_dim // 2 = {head_dim // 2}")
+    if sum(section) != rotary_dim // 2:
+        raise ValueError(f"mrope_section {section} must sum to the rotary dim // 2 = {rotary_dim // 2}")
     return TextConfig(
         hidden_size=cfg["hidden_size"],
         intermediate_size=cfg["intermediate_size"],
@@ -206,13 +214,14 @@ def _parse_text(cfg: dict[str, Any], model_type: str) -> TextConfig:
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2_5_vl")),
         hidden_act=cfg.get("hidden_act", "silu"),
         moe=_parse_moe(cfg) if model_type == "qwen3_vl_moe" else None,
+        hybrid=hybrid,
     )
 
 
 def _parse_vision(cfg: dict[str, Any], model_type: str) -> VisionConfig:
     rope = _rope_params(cfg)
     hidden = cfg.get("hidden_size") or cfg.get("embed_dim")
-    qwen3 = model_type in ("qwen3_vl", "qwen3_vl_moe")
+    qwen3 = model_type in _QWEN3_VISION_TYPES
     default_act = "gelu_pytorch_tanh" if qwen3 else "silu"
     return VisionConfig(
         depth=cfg["depth"],

@@ -8,6 +8,8 @@ _MODELS = {
     "Qwen3VLForConditionalGeneration": "sglang.srt.models.qwen3_vl",
     "Qwen3VLMoeForConditionalGeneration": "sglang.srt.models.qwen3_vl_moe",
     "Qwen2_5_VLForConditionalGeneration": "sglang.srt.models.qwen2_5_vl",
+    # standalone forward only: the scheduler does not yet give it per-request recurrent states
+    "Qwen3_5ForConditionalGeneration": "sglang.srt.models.qwen3_5",
 }
 
 

@@ -1,0 +1,213 @@
+"""Qwen3.5 (and 3.6): Qwen3-VL's vision tower without deepstack, on a hybrid text decoder.
+
+Decoder layers follow `text_config.layer_types`: `linear_attention` layers mix tokens with a Gated
+DeltaNet (layers/attention/fla), `full_attention` layers with softmax attention whose q_proj also
+emits a per-head output gate (`o_proj(attn * sigmoid(gate))`), q/k RMSNorm, and interleaved M-RoPE on
+only the first `rotary_dim` (head_dim * partial_rotary_factor) dims of each head. Every RMSNorm of the
+decoder (input, post-attention, final, q/k) is zero-centred: it scales by `1 + weight`; only the
+DeltaNet's gated output norm scales by `weight`.
+
+State per request. Full-attention layers use the batch's attention backend (`forward_batch.attn_backend`,
+a KV cache). Linear-attention layers need each request's recurrent state: the forward reads
+`forward_batch.gdn_states`, one `GDNRequestState` per request in batch order (allocated from
+`model.gdn_state_shape()`, zero for a new request), and updates them in place. Nothing in the scheduler
+provides them yet; a test driver does (test/unit/models/qwen3_5_driver.py).
+
+Checkpoints carry a multi-token-prediction head (`mtp.*`); it is skipped at load (speculative decoding
+is not supported), with one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.model_config import ModelConfig, TextConfig
+from sglang.srt.configs.qwen3_5_config import LINEAR_ATTENTION
+from sglang.srt.configs.vit_strategy import ViTStrategy
+from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.layers.attention.fla.gated_delta_net import GatedDeltaNet
+from sglang.srt.layers.attention.fla.state import GDNRequestState, GDNStateShape
+from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.rotary_embedding import MRotaryEmbedding, apply_rotary
+from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from sglang.srt.models.qwen2 import Qwen2MLP
+from sglang.srt.models.qwen3_vl import Qwen3VisionTransformer
+from sglang.srt.models.vlm_base import QwenVLForConditionalGenerationBase
+
+logger = logging.getLogger(__name__)
+
+MTP_PREFIX = "mtp."
+
+
+class ZeroCentredRMSNorm(nn.Module):
+    """RMSNorm scaling by (1 + weight), all in float32, rounded once at the end (the reference's order;
+    our plain RMSNorm rounds before its weight). A zero weight is the identity scale."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """With `residual`: (norm(x + residual), x + residual), the fused add-norm."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = (h * (1.0 + self.weight.float())).to(x.dtype)
+        return out if residual is None else (out, residual)
+
+
+class Qwen3_5Attention(nn.Module):
+    """Gated full attention. q_proj's rows are [query | gate] per head, so the fused projection is
+    built with 2 * heads "heads" of head_dim: a rank's share is whole (query, gate) pairs."""
+
+    def __init__(self, config: TextConfig, layer_id: int, tp: TPInfo = SINGLE_RANK, dtype=None):
+        super().__init__()
+        heads, hd = config.num_attention_heads, config.head_dim
+        if heads % tp.size:
+            raise ValueError(f"{heads} attention heads do not split over TP {tp.size}")
+        self.head_dim = hd
+        self.rotary_dim = config.hybrid.rotary_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, hd, 2 * heads, config.num_key_value_heads,
+                                          bias=config.attention_bias, tp=tp, dtype=dtype)
+        self.o_proj = RowParallelLinear(heads * hd, config.hidden_size, bias=config.attention_bias, tp=tp, dtype=dtype)
+        self.num_heads = heads // tp.size
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_norm = ZeroCentredRMSNorm(hd, config.rms_norm_eps, dtype)
+        self.k_norm = ZeroCentredRMSNorm(hd, config.rms_norm_eps, dtype)
+        self.attn = RadixAttention(self.num_heads, hd, hd**-0.5, self.num_kv_heads, layer_id)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary on the leading rotary_dim dims of each head; the rest pass through."""
+        r = self.rotary_dim
+        return torch.cat([apply_rotary(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], hidden_states: torch.Tensor, forward_batch):
+        t = hidden_states.shape[0]
+        q_gate, k, v = self.qkv_proj.split_qkv(self.qkv_proj(hidden_states))
+        q, gate = q_gate.view(t, self.num_heads, 2, self.head_dim).unbind(2)
+        q = self._rotate(self.q_norm(q), *rope)
+        k = self._rotate(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), *rope)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        out = self.attn(q, k, v, forward_batch)  # (t, heads * head_dim)
+        return self.o_proj(out * torch.sigmoid(gate.reshape(t, -1)))
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, config: TextConfig, layer_id: int, tp: TPInfo = SINGLE_RANK, dtype=None):
+        super().__init__()
+        self.is_linear = config.hybrid.layer_types[layer_id] == LINEAR_ATTENTION
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config.hidden_size, config.hybrid, config.rms_norm_eps, tp, dtype)
+        else:
+            self.self_attn = Qwen3_5Attention(config, layer_id, tp, dtype)
+        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype)
+        self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(self, rope, hidden_states, residual, forward_batch, gdn=None):
+        """gdn: (seq_lens, per-request layer states) for a linear-attention layer, else None."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        if self.is_linear:
+            hidden_states = self.linear_attn(hidden_states, *gdn)
+        else:
+            hidden_states = self.self_attn(rope, hidden_states, forward_batch)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+def request_states(forward_batch) -> list[GDNRequestState]:
+    """The batch's per-request DeltaNet states (see the module docstring), checked against its size."""
+    states = getattr(forward_batch, "gdn_states", None)
+    if states is None:
+        raise RuntimeError("Qwen3.5's linear-attention layers need forward_batch.gdn_states (one GDNRequestState "
+                           "per request); this runner does not provide recurrent states")
+    if len(states) != forward_batch.batch_size:
+        raise ValueError(f"{len(states)} recurrent states for a batch of {forward_batch.batch_size}")
+    return list(states)
+
+
+class Qwen3_5TextModel(nn.Module):
+    def __init__(self, config: TextConfig, tp: TPInfo = SINGLE_RANK, dtype=None, quant=None):
+        super().__init__()
+        if config.hybrid is None:
+            raise ValueError("Qwen3.5 text config without layer types / linear attention geometry")
+        if quant is not None:
+            raise NotImplementedError("quantized Qwen3.5 weights are not supported yet")
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, dtype)
+        # shared by all full-attention layers; covers only the rotated dims
+        self.rotary_emb = MRotaryEmbedding(config.hybrid.rotary_dim, config.rope_theta, config.mrope_section,
+                                           config.mrope_interleaved)
+        self.layers = nn.ModuleList(
+            [Qwen3_5DecoderLayer(config, i, tp, dtype) for i in range(config.num_hidden_layers)])
+        self.norm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        # decoder index -> index among the linear-attention layers (the state's layer axis)
+        self.state_index = {layer: j for j, layer in enumerate(config.hybrid.linear_layers)}
+
+    def gdn_state_shape(self) -> GDNStateShape:
+        first = self.layers[self.config.hybrid.linear_layers[0]].linear_attn
+        return first.state_shape(len(self.state_index), self.embed_tokens.weight.dtype)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, forward_batch,
+                input_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        rope = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
+        if forward_batch.forward_mode.is_extend():
+            seq_lens = forward_batch.extend_seq_lens_cpu
+        else:
+            seq_lens = [1] * forward_batch.batch_size
+        states = request_states(forward_batch) if self.state_index else []
+        residual = None
+        for i, layer in enumerate(self.layers):
+            gdn = None
+            if layer.is_linear:
+                j = self.state_index[i]
+                gdn = (seq_lens, [s.layer(j) for s in states])
+            hidden_states, residual = layer(rope, hidden_states, residual, forward_batch, gdn)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class Qwen3_5ForConditionalGeneration(QwenVLForConditionalGenerationBase):
+    vision_tower_cls = Qwen3VisionTransformer  # built without deepstack mergers (none configured)
+    text_model_cls = Qwen3_5TextModel
+
+    def __init__(self, config: ModelConfig, tp: TPInfo = SINGLE_RANK, dtype: torch.dtype | None = None,
+                 vit: ViTStrategy = ViTStrategy(), quant=None):
+        if config.vision.deepstack_visual_indexes:
+            raise ValueError("Qwen3.5 has no deepstack; this config lists deepstack_visual_indexes")
+        super().__init__(config, tp, dtype)
+        self.init_towers(dtype, vit, quant)
+        self._skipped_mtp = 0
+
+    def gdn_state_shape(self) -> GDNStateShape:
+        """One request's linear-attention state on this rank (what a state pool allocates per slot)."""
+        return self.model.gdn_state_shape()
+
+    def skip_checkpoint_name(self, name: str) -> bool:
+        if name.startswith(MTP_PREFIX):
+            if not self._skipped_mtp:
+                logger.info("Qwen3.5: skipping the multi-token-prediction head (%s*): speculative decoding is not "
+                            "supported", MTP_PREFIX)
+            self._skipped_mtp += 1
+            return True
+        return super().skip_checkpoint_name(name)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch):
+        embeds, _ = self.embed_inputs(input_ids, forward_batch)  # no deepstack rows: the tower has none
+        hidden = self.model(None, positions, forward_batch, input_embeds=embeds)
+        return self.logits_processor(hidden, self.lm_head.weight, forward_batch)
+
+
+EntryClass = Qwen3_5ForConditionalGeneration
