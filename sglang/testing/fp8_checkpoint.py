@@ -1,7 +1,8 @@
 """Converts an HF-format Qwen-VL checkpoint folder to the layout of Qwen's -FP8 releases, and back.
 
 The released layout: every text decoder linear (q/k/v/o_proj, gate/up/down_proj) stores an e4m3 `weight`
-and a float32 `weight_scale_inv` with one scale per 128x128 block (multiplied: W ~= weight * scale);
+and a float32 `weight_scale_inv` with one scale per 128x128 block (multiplied: W ~= weight * scale; tiny
+presets: 16x16, so their scales are several blocks per axis too);
 MoE experts (fused in the bf16 releases) are stored one linear per expert, `mlp.experts.<e>.{gate,up,down}_proj`,
 each with its block scales, and the router `mlp.gate` stays unquantized; the vision tower, the embeddings and
 lm_head stay in the original dtype and are listed in
@@ -29,6 +30,9 @@ from safetensors.torch import save_file
 from sgl_kernel.quantization import dequantize_block_fp8, quantize_weight_block_fp8
 
 BLOCK = (128, 128)
+# tiny presets' widths are under 128: one scale per whole matrix would hide every block-indexing error, so
+# their blocks shrink with them (the smallest group the engine's FP8 layers take), giving several per axis
+TINY_BLOCK = (16, 16)
 QUANT_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
 # the text decoder's linears; the vision tower's own names (qkv, proj, linear_fc*, mlp.*) never match
 _TEXT_LINEAR = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.weight$")
@@ -105,8 +109,9 @@ def _itemsize(st_dtype: str) -> int:
     return {"F8_E4M3": 1, "F8_E5M2": 1, "BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4}[st_dtype]
 
 
-def quantize_folder(folder: str | os.PathLike) -> list[str]:
-    """Rewrites `folder` in the -FP8 layout; returns the names of the quantized weights."""
+def quantize_folder(folder: str | os.PathLike, block: tuple[int, int] = BLOCK) -> list[str]:
+    """Rewrites `folder` in the -FP8 layout with `block`-sized scale blocks; returns the names of the
+    quantized weights."""
     folder = Path(folder)
     quantized, kept, names_by_file = [], [], {}
     for path in _files(folder):
@@ -116,11 +121,11 @@ def quantize_folder(folder: str | os.PathLike) -> list[str]:
                 t = f.get_tensor(name)
                 if _FUSED_EXPERTS.search(name):  # MoE experts: one quantized linear per expert
                     for part, w in split_experts(name, t).items():
-                        q, scale = quantize_weight_block_fp8(w, BLOCK)
+                        q, scale = quantize_weight_block_fp8(w, block)
                         out[part], out[part[: -len("weight")] + "weight_scale_inv"] = q, scale
                     quantized.append(name)
                 elif is_quantized_linear(name):
-                    q, scale = quantize_weight_block_fp8(t, BLOCK)
+                    q, scale = quantize_weight_block_fp8(t, block)
                     out[name], out[name[: -len("weight")] + "weight_scale_inv"] = q, scale
                     quantized.append(name)
                 else:
@@ -134,7 +139,7 @@ def quantize_folder(folder: str | os.PathLike) -> list[str]:
     _update_index(folder, names_by_file)
     cfg_path = folder / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["quantization_config"] = {**QUANT_CONFIG, "modules_to_not_convert": sorted(kept)}
+    cfg["quantization_config"] = {**QUANT_CONFIG, "weight_block_size": list(block), "modules_to_not_convert": sorted(kept)}
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return quantized
 
@@ -149,6 +154,7 @@ def dequantize_folder(src: str | os.PathLike, dst: str | os.PathLike, dtype: tor
     for item in src.iterdir():
         if item.is_file() and item.suffix != ".safetensors" and item.name != _INDEX:
             shutil.copy2(item, dst / item.name)
+    block = tuple(json.loads((src / "config.json").read_text())["quantization_config"]["weight_block_size"])
     names_by_file = {}
     for path in _files(src):
         out = {}
@@ -160,7 +166,7 @@ def dequantize_folder(src: str | os.PathLike, dst: str | os.PathLike, dtype: tor
                 t = f.get_tensor(name)
                 scale_name = name[: -len("weight")] + "weight_scale_inv"
                 if name.endswith(".weight") and scale_name in keys:
-                    t = dequantize_block_fp8(t, f.get_tensor(scale_name), BLOCK, dtype)
+                    t = dequantize_block_fp8(t, f.get_tensor(scale_name), block, dtype)
                 out[name] = t.to(dtype) if t.is_floating_point() else t
         out = fuse_experts(out)
         save_file(out, str(dst / path.name), metadata={"format": "pt"})

@@ -182,6 +182,10 @@ def _identity(p: ModelPreset, seed: int, dtype: str, max_shard_bytes: int, quant
     from sglang.testing.tokenizer_builder import TOKENIZER_VERSION
 
     extra = {"quantize": quantize} if quantize else {}
+    if quantize == "fp8":  # the scale block changes the bytes (tiny presets: smaller blocks)
+        from sglang.testing.fp8_checkpoint import BLOCK, TINY_BLOCK
+
+        extra["fp8_block"] = list(TINY_BLOCK if p.tiny else BLOCK)
     return {**extra,
         "generator": "sglang.testing.make_model",
         "generator_version": GENERATOR_VERSION,
@@ -270,9 +274,9 @@ def build_model(
         _write_json(out / name, obj)
         files.append(name)
     if quantize == "fp8":
-        from sglang.testing.fp8_checkpoint import quantize_folder
+        from sglang.testing.fp8_checkpoint import BLOCK, TINY_BLOCK, quantize_folder
 
-        quantize_folder(out)
+        quantize_folder(out, TINY_BLOCK if p.tiny else BLOCK)
     tok = write_tokenizer_files(out, p.family, model_max_length=p.text.max_position_embeddings)
     files += [Path(f).name for f in tok]
     _write_json(out / STAMP_FILE, identity)
