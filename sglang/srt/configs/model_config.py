@@ -23,6 +23,11 @@ _QWEN3_VISION_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 _ARCH_TO_MODEL_TYPE = {arch: model_type for model_type, arch in _MODEL_TYPE_TO_ARCH.items()}
 
 
+class ModelConfigError(ValueError):
+    """A config.json this engine refuses to serve, found while it is read (so at start-up, before any
+    request); the message is one line naming the field and its value."""
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     depth: int
@@ -169,15 +174,34 @@ def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _parse_moe(cfg: dict[str, Any]) -> MoEConfig | None:
+def _count(key: str, value: Any) -> int:
+    """A count of the text config as an int; a bool, a fraction or a non-number is refused naming it."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole:
+        raise ModelConfigError(f"config.json: text_config.{key} must be a whole number, got {value!r}")
+    return int(value)
+
+
+def _parse_moe(cfg: dict[str, Any]) -> MoEConfig:
+    """The experts of a MoE text config. Each token's router takes the top `num_experts_per_tok` of
+    `num_experts`, so 1 <= top-k <= experts is checked here, where the config is read: past it the router
+    cannot pick (every request failed, while the server looked healthy), and a MoE model without experts
+    has no MLP to run."""
     # transformers 5 writes num_local_experts (num_experts is its alias); the Hub configs num_experts
-    experts = cfg.get("num_experts", cfg.get("num_local_experts", 0)) or 0
-    if experts <= 0:
-        return None
+    key = next((k for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None), "num_experts")
+    experts = _count(key, cfg.get(key, 0))
+    if experts < 1:
+        raise ModelConfigError(f"config.json: a mixture-of-experts model needs text_config.{key} >= 1, got {experts}")
+    if "num_experts_per_tok" not in cfg:
+        raise ModelConfigError("config.json: text_config.num_experts_per_tok (experts per token) is missing")
+    top_k = _count("num_experts_per_tok", cfg["num_experts_per_tok"])
+    if not 1 <= top_k <= experts:
+        raise ModelConfigError(f"config.json: text_config.num_experts_per_tok {top_k} must be between 1 and the "
+                               f"model's {experts} experts (text_config.{key}): each token is routed to that many")
     step = cfg.get("decoder_sparse_step", 1) or 1
     return MoEConfig(
         num_experts=experts,
-        num_experts_per_tok=cfg["num_experts_per_tok"],
+        num_experts_per_tok=top_k,
         moe_intermediate_size=cfg["moe_intermediate_size"],
         norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
         decoder_sparse_step=int(step),

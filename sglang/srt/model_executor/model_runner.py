@@ -145,10 +145,11 @@ class ModelRunner:
             self.allocator = TokenToKVPoolAllocator(num_tokens, "cpu", self.cfg.page_size)
 
     def _kv_scales(self, tp: TPInfo, num_layers: int) -> dict[int, list[float]]:
+        """This rank's FP8 KV scales; a file or tensor that cannot be used raises KVScaleError (one line)."""
         if self.cfg.quantization_param_path:
             return param_file_kv_scales(self.cfg.quantization_param_path, tp.rank, num_layers)
-        return checkpoint_kv_scales((n, t) for n, t in iterate_weights(self.cfg.model_path, lazy=True)
-                                    if is_scale_tensor(n))
+        return checkpoint_kv_scales(((n, t) for n, t in iterate_weights(self.cfg.model_path, lazy=True)
+                                     if is_scale_tensor(n)), num_layers)
 
     def _kv_budget(self, bytes_per_token: int) -> int:
         if self.cfg.max_total_tokens is not None:

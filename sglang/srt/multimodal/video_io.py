@@ -6,7 +6,9 @@ Memory: a clip's size is known before its frames are (the header gives the frame
 sampler the frames kept, `FrameFit` their size at the model's resolution), so the byte budget is checked
 before the first frame is decoded; each frame is checked against the per-frame pixel limit before it is
 converted, then resized and written into the one array that holds the clip. So what is held at any time is
-the kept clip at the model's size plus one frame at full size.
+the kept clip at the model's size plus one frame at full size: the resize reads that frame in bands of rows
+and makes no full-size copy of it (`processors/video_pixels.py`), and a frame given as an image is resized
+from the decoded PIL image itself, never copied out to an array first.
 
 Blocking by design: callers run it in worker threads, never on an event loop (PyAV releases the GIL while
 it demuxes and decodes). Every failure raises :class:`VideoLoadError` (an ``ImageLoadError``, so the API
@@ -21,7 +23,7 @@ import io
 import os
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -33,6 +35,9 @@ from sglang.srt.multimodal.image_io import (
     load_image,
     read_local_file,
 )
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 # (total decoded frames, stream frame rate or None) -> indices of the frames to keep
 FrameSampler = Callable[[int, "float | None"], np.ndarray]
@@ -52,7 +57,8 @@ class FrameFit(Protocol):
 
     def resized_size(self, num_frames: int, height: int, width: int) -> tuple[int, int]: ...
 
-    def resize_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray: ...
+    def resize_frame(self, frame: "np.ndarray | Image.Image", size: tuple[int, int]) -> np.ndarray:
+        """(H, W, 3) uint8 at `size`; `frame` is an array (any strides) or an RGB PIL image."""
 
 
 @dataclass(frozen=True)
@@ -204,7 +210,8 @@ class _Kept:
                                  "(SGLANG_VIDEO_MAX_BYTES)")
         self.frames = np.empty((n, *self.size, 3), np.uint8)
 
-    def put(self, positions, frame: np.ndarray) -> None:
+    def put(self, positions, frame) -> None:
+        """`frame`: (H, W, 3) uint8, or an RGB PIL image when there is a `fit` (which reads it)."""
         small = self.fit.resize_frame(frame, self.size) if self.fit is not None else frame
         for k in positions:
             self.frames[k] = small
@@ -296,7 +303,8 @@ def _decode_frames(av, data: bytes, indices: np.ndarray, size: tuple[int, int], 
                                                  f"{kept.source_size[0]}, then {frame.width}x{frame.height} at "
                                                  f"frame {i}): not supported")
                         kept = _Kept(len(indices), shape, fit, limits)  # the header's size was not the frames'
-                    # converted only now, one frame at a time, and resized before the next is decoded
+                    # converted only now, one frame at a time, and resized before the next is decoded; the
+                    # array is a view of the RGB frame's plane (rows may be padded), read in place
                     kept.put(wanted[i], frame.to_ndarray(format="rgb24"))
                 if i >= last:
                     break
@@ -324,16 +332,17 @@ def frames_from_images(frames: Sequence[Any], *,
         except ImageLoadError as e:
             hint = " (SGLANG_VIDEO_MAX_FRAME_PIXELS)" if "exceeds the limit" in str(e) else ""
             raise VideoLoadError(f"video frame {i}: {e}{hint}") from None
-        arr = np.asarray(img, dtype=np.uint8)
-        del img  # PIL's copy (4 bytes a pixel) goes before the resize makes its own
+        shape = (img.height, img.width)
         if kept is None:
-            kept = _Kept(n, arr.shape[:2], fit, limits)
-        elif arr.shape[:2] != kept.source_size:
+            kept = _Kept(n, shape, fit, limits)
+        elif shape != kept.source_size:
             h0, w0 = kept.source_size
-            raise VideoLoadError(f"video frame {i} is {arr.shape[1]}x{arr.shape[0]} but frame 0 is {w0}x{h0}: all "
+            raise VideoLoadError(f"video frame {i} is {shape[1]}x{shape[0]} but frame 0 is {w0}x{h0}: all "
                                  "frames must have one size")
-        kept.put([i], arr)
-        del arr  # freed before the next frame is decoded: one full-size frame at a time
+        # with a fit the PIL image (4 bytes a pixel) is resized as it is: an array of it first (np.asarray
+        # goes through tobytes, two more full-size copies at once) would triple the frame's cost
+        kept.put([i], img if fit is not None else np.asarray(img, dtype=np.uint8))
+        del img  # freed before the next frame is decoded: one full-size frame at a time
     return DecodedVideo(kept.frames, np.arange(n, dtype=np.int64), None, n, resized=fit is not None)
 
 

@@ -313,9 +313,10 @@ class QwenVLVideoProcessor:
         return self.temporal_patch_size / sampled_fps
 
     # ------------------------------------------------------------------ pixels (video_pixels.py)
-    def resize_frame(self, frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        """One (H, W, 3) uint8 frame at `size` (from `resized_size`): the loader resizes each frame as it
-        is decoded, so a clip is never held at its full size."""
+    def resize_frame(self, frame, size: tuple[int, int]) -> np.ndarray:
+        """One (H, W, 3) uint8 frame (an array, or an RGB PIL image) at `size` (from `resized_size`): the
+        loader resizes each frame as it is decoded, so a clip is never held at its full size, and the
+        resize makes no full-size copy of the frame (video_pixels.resize_frame)."""
         from sglang.srt.multimodal.processors.video_pixels import resize_frame
 
         return resize_frame(frame, size)

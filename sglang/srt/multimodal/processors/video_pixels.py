@@ -6,6 +6,15 @@ Memory: a frame is resized alone (`resize_frame`), so the loader can resize each
 and keep only what the model sees; the pixel values are written one temporal patch at a time into the
 one output tensor, so no second copy of the clip in float32 exists at any point. Both are bit-identical to
 resizing and normalizing the whole clip at once: every op is per frame (the resize) or per element.
+
+Within a frame, the resize holds no full-size copy: torch's antialiased resize is separable and runs its
+horizontal pass first, into a uint8 buffer, then its vertical pass (both its AVX2 uint8 kernel and its
+generic one). So the horizontal pass is run here on bands of rows (rows are independent in it), each band
+read in place or copied alone, into one (H, new W) uint8 array, and the vertical pass once on that; each
+call gets a channels-last view, which torch's uint8 kernel reads as it is. Bit-identical to the one call on
+the whole (1, 3, H, W) frame (test_video_frame_memory.py compares them over sizes, band heights and
+torch's CPU kernels). The whole-frame call made a (3, H, W) copy and torch unpacked it again to 4 bytes a
+pixel: 2.3 frames on top of the decoded one (an 8000x8000 frame: +427 MiB).
 """
 
 from __future__ import annotations
@@ -13,17 +22,54 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from sglang.srt.multimodal.processors.base import MultimodalInputError
 
 
-def resize_frame(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """(H, W, 3) uint8 -> (size[0], size[1], 3) uint8 (a view; the caller copies it where it keeps it)."""
-    if frame.shape[:2] == tuple(size):
-        return frame
-    # a contiguous (1, C, H, W) copy: the layout the whole-clip resize ran on (and a writable array, which
-    # a decoded PIL image's is not)
-    x = torch.from_numpy(np.ascontiguousarray(frame.transpose(2, 0, 1)))[None]
+# bytes of full-size rows the horizontal pass reads per torch call (a band is copied when it is not
+# readable in place): bounds what a frame costs above itself, whatever its size
+_BAND_BYTES = 2 << 20
+
+
+def resize_frame(frame, size: tuple[int, int]) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size[0], size[1], 3) uint8, with no full-size copy of the frame (module doc).
+
+    `frame`: an array (any strides, read-only allowed; returned as is when already at `size`) or an RGB
+    PIL image (read in bands of rows, so its pixels are never copied out twice)."""
+    pil = isinstance(frame, Image.Image)
+    if pil and frame.mode != "RGB":
+        raise ValueError(f"resize_frame takes RGB images, got mode {frame.mode}")
+    h, w = (frame.height, frame.width) if pil else frame.shape[:2]
+    oh, ow = (int(v) for v in size)
+    step = max(1, _BAND_BYTES // (w * 3))
+    x = frame
+    if ow != w:
+        x = np.empty((h, ow, 3), np.uint8)
+        for y in range(0, h, step):
+            x[y:y + step] = _bicubic(_rows(frame, y, min(h, y + step)), (min(step, h - y), ow))
+    elif pil:  # no horizontal pass: the vertical one (or the caller) needs the rows as one array
+        x = np.empty((h, w, 3), np.uint8)
+        for y in range(0, h, step):
+            x[y:y + step] = _rows(frame, y, min(h, y + step))
+    if oh != h:
+        x = _bicubic(x, (oh, ow))
+    return x
+
+
+def _rows(frame, y0: int, y1: int) -> np.ndarray:
+    if isinstance(frame, Image.Image):
+        return np.asarray(frame.crop((0, y0, frame.width, y1)), dtype=np.uint8)
+    return frame[y0:y1]
+
+
+def _bicubic(a: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """torch's antialiased bicubic on one (H, W, 3) uint8 array, given to torch as a channels-last view.
+    A view torch cannot take as is (strided rows, read-only memory, which torch only warns about) is
+    copied first; callers pass bands or the small intermediate, so that copy is small."""
+    if not (a.flags.c_contiguous and a.flags.writeable):
+        a = np.array(a, dtype=np.uint8, order="C")
+    x = torch.from_numpy(a).permute(2, 0, 1)[None]
     out = F.interpolate(x, size=tuple(size), mode="bicubic", antialias=True, align_corners=False)
     return out[0].permute(1, 2, 0).numpy()
 
