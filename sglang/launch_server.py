@@ -30,8 +30,13 @@ def main(argv: list[str] | None = None) -> int:
         return launch_encoder_server(server_args)
 
     from sglang.srt.entrypoints.http_server import launch_server
+    from sglang.srt.errors import StartupError
 
-    return launch_server(server_args)
+    try:
+        return launch_server(server_args)
+    except StartupError as e:  # the reason a child reported: one line, not a traceback of the barrier
+        logging.getLogger("sglang.launch_server").error("start-up failed: %s", e)
+        return 1
 
 
 if __name__ == "__main__":

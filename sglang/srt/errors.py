@@ -18,3 +18,12 @@ class GenerateError(Exception):
 class ServerUnhealthyError(GenerateError):
     def __init__(self, message: str):
         super().__init__(message, 503, "service_unavailable")
+
+
+class ServeRefusal(ValueError):
+    """What the engine refuses to serve, found while starting (a config, a checkpoint, a scale file): the
+    message names the problem in one line, so start-up prints it without a traceback."""
+
+
+class StartupError(RuntimeError):
+    """Start-up failed for the reason in the message (a child reported it or exited): printed as one line."""

@@ -9,6 +9,8 @@ line naming the file or tensor, the layer and the value.
 
 from __future__ import annotations
 
+from sglang.srt.errors import ServeRefusal
+
 import json
 import math
 import os
@@ -28,7 +30,7 @@ MAX_PARAM_FILE_BYTES = 16 << 20
 _FLAG = "--quantization-param-path"
 
 
-class KVScaleError(ValueError):
+class KVScaleError(ServeRefusal):
     """An FP8 KV cache scale, or the file holding them, that the server cannot use; found at start-up."""
 
 

@@ -6,6 +6,8 @@ Accepts both the transformers 5.x layout (`rope_parameters`) and the older one (
 
 from __future__ import annotations
 
+from sglang.srt.errors import ServeRefusal
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ _QWEN3_VISION_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
 _ARCH_TO_MODEL_TYPE = {arch: model_type for model_type, arch in _MODEL_TYPE_TO_ARCH.items()}
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(ServeRefusal):
     """A config.json this engine refuses to serve, found while it is read (so at start-up, before any
     request); the message is one line naming the field and its value."""
 

@@ -23,6 +23,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from sglang.srt.entrypoints.engine_requests import EngineOptions, engine_request_groups
+from sglang.srt.errors import StartupError
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ def _wait_ready(readers: dict[Any, BaseProcess], timeout: float | None) -> list[
     while pending:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         if left == 0.0:
-            raise RuntimeError(f"start-up timed out after {timeout:g} s waiting for {', '.join(p.name for p in pending.values())}")
+            raise StartupError(f"start-up timed out after {timeout:g} s waiting for {', '.join(p.name for p in pending.values())}")
         ready = wait(list(pending) + list(by_sentinel), timeout=left)
         for obj in sorted(ready, key=lambda o: o not in pending):  # messages before exits
             if obj in pending:
@@ -193,18 +194,18 @@ def _wait_ready(readers: dict[Any, BaseProcess], timeout: float | None) -> list[
                     msg = obj.recv()
                 except EOFError:
                     p.join(timeout=5)
-                    raise RuntimeError(f"{p.name} exited during start-up with exit code {p.exitcode}") from None
+                    raise StartupError(f"{p.name} exited during start-up with exit code {p.exitcode}") from None
                 if isinstance(msg, SchedulerDied):
-                    raise RuntimeError(f"{p.name}: {msg.message}")
+                    raise StartupError(f"{p.name}: {msg.message}")
                 if isinstance(msg, tuple) and msg[0] == "error":
-                    raise RuntimeError(f"{p.name}: {msg[1]}")
+                    raise StartupError(f"{p.name}: {msg[1]}")
                 messages.append(msg)
             elif obj in by_sentinel:
                 reader, p = by_sentinel[obj]
                 if reader in pending and reader.poll():
                     continue  # its last words are in the pipe: read them on the next pass
                 p.join(timeout=5)
-                raise RuntimeError(f"{p.name} exited during start-up with exit code {p.exitcode}")
+                raise StartupError(f"{p.name} exited during start-up with exit code {p.exitcode}")
     return messages
 
 

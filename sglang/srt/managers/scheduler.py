@@ -15,6 +15,7 @@ import zmq
 from sglang.srt.constrained.scheduler_grammar import GrammarQueue
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, init_tp_group
 from sglang.srt.environ import envs
+from sglang.srt.errors import ServeRefusal
 from sglang.srt.managers.io_struct import FinishReason, SchedulerDied, SchedulerReady
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import (
@@ -332,7 +333,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank:
         ready_writer.send(SchedulerReady(scheduler.max_total_num_tokens, scheduler.context_length - 1,
                                          scheduler.context_length))
     except Exception as e:
-        traceback.print_exc()
+        if not isinstance(e, ServeRefusal):  # a refusal's message is the whole story; anything else is a bug
+            traceback.print_exc()
         ready_writer.send(SchedulerDied(f"scheduler failed to start: {type(e).__name__}: {e}"))
         sys.exit(1)
     try:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.errors import ServeRefusal
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.quantization import quantization_config
@@ -37,7 +38,7 @@ def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}; use one of auto, {', '.join(_DTYPES)}") from None
 
 
-class MissingWeightsError(KeyError):
+class MissingWeightsError(ServeRefusal, KeyError):
     """The checkpoint leaves parameters, or shards of fused ones, unfilled. (str() is the message itself,
     not KeyError's repr of it.)"""
 

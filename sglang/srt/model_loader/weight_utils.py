@@ -6,6 +6,8 @@ over the bytes already read, no copy of the model)."""
 
 from __future__ import annotations
 
+from sglang.srt.errors import ServeRefusal
+
 import json
 from pathlib import Path
 from typing import Iterator
@@ -27,7 +29,7 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-class NonFiniteWeightError(ValueError):
+class NonFiniteWeightError(ServeRefusal):
     """A checkpoint tensor holds NaN or inf."""
 
 

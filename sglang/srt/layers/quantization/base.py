@@ -3,6 +3,8 @@ layer's local weight inside the checkpoint matrices it is cut from (TP shards, f
 
 from __future__ import annotations
 
+from sglang.srt.errors import ServeRefusal
+
 from dataclasses import dataclass
 from math import gcd
 
@@ -22,7 +24,7 @@ def column_tp_sizes(in_features: int, block: int) -> list[int]:
     return [t for t in (1, 2, 4, 8, 16) if column_groups_ok(in_features, t, block)]
 
 
-class QuantizationError(ValueError):
+class QuantizationError(ServeRefusal):
     """A checkpoint or flag asking for a quantization this engine cannot serve (one line, at start-up)."""
 
 
