@@ -162,7 +162,6 @@ def _folder(module: str) -> str:
 # fails, and a listed loop that is gone fails too, so that it is struck off here when it is untied.
 KNOWN_FOLDER_LOOPS: list[list[str]] = [
     ["sglang.srt.disaggregation", "sglang.srt.entrypoints", "sglang.srt.managers"],
-    ["sglang.srt.layers", "sglang.srt.model_loader", "sglang.srt.models"],
 ]
 
 

@@ -20,7 +20,7 @@ from sglang.srt.distributed.communication_op import (
 )
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, divide
 from sglang.srt.layers.quantization.base import LinearLayout, RowPart, column_tp_sizes
-from sglang.srt.model_loader.weight_utils import materialize
+from sglang.srt.layers.checkpoint_tensor import materialize
 
 
 def _copy_checked(dst: torch.Tensor, src, what: str) -> None:

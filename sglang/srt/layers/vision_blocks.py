@@ -15,7 +15,7 @@ from sglang.srt.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from sglang.srt.model_loader.weight_utils import materialize
+from sglang.srt.layers.checkpoint_tensor import materialize
 
 
 class Conv3dPatchEmbed(nn.Module):

@@ -8,7 +8,7 @@ from torch import nn
 
 from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
-from sglang.srt.model_loader.weight_utils import materialize
+from sglang.srt.layers.checkpoint_tensor import materialize
 
 
 class VocabParallelEmbedding(nn.Module):

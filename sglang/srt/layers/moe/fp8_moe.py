@@ -24,7 +24,7 @@ from sglang.srt.distributed.communication_op import tensor_model_parallel_all_re
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.moe.fused_moe import FusedMoE
 from sglang.srt.layers.quantization.base import MIN_GROUP, QuantizationError
-from sglang.srt.model_loader.weight_utils import materialize, tensor_name
+from sglang.srt.layers.checkpoint_tensor import materialize, tensor_name
 
 FP8_DTYPE = torch.float8_e4m3fn
 

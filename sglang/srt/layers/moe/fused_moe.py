@@ -20,7 +20,7 @@ from torch import nn
 
 from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, divide
-from sglang.srt.model_loader.weight_utils import materialize
+from sglang.srt.layers.checkpoint_tensor import materialize
 
 
 def fused_experts(x, w13, w2, topk_weights, topk_ids, has_remote: bool = False) -> torch.Tensor:

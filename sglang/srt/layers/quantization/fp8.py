@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.quantization.base import MIN_GROUP, LinearLayout, QuantizationError
-from sglang.srt.model_loader.weight_utils import materialize, tensor_name
+from sglang.srt.layers.checkpoint_tensor import materialize, tensor_name
 
 FP8_DTYPE = torch.float8_e4m3fn
 

@@ -23,7 +23,7 @@ def is_scale_tensor(name: str) -> bool:
 def checkpoint_kv_scales(weights, num_layers: int | None = None) -> dict[int, list[float]]:
     """{layer: [k_scale, v_scale]} from (name, tensor) pairs; missing ones stay 1.0. Each tensor must hold
     one usable scale of a layer in [0, num_layers) (KVScaleError names the tensor, its layer and value)."""
-    from sglang.srt.model_loader.weight_utils import materialize
+    from sglang.srt.layers.checkpoint_tensor import materialize
 
     out: dict[int, list[float]] = {}
     for name, t in weights:

@@ -32,7 +32,7 @@ from sglang.srt.layers.attention.fla.ops import (
 )
 from sglang.srt.layers.attention.fla.state import GDNLayerState, GDNStateShape
 from sglang.srt.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
-from sglang.srt.model_loader.weight_utils import materialize
+from sglang.srt.layers.checkpoint_tensor import materialize
 
 
 def _head_sharded_loader(part_sizes: Sequence[int], tp: TPInfo):
