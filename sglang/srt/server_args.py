@@ -139,6 +139,11 @@ class ServerArgs:
     weight_version: str = field(default="default", metadata=_arg(
         "the version name of the weights served, reported in meta_info and /get_model_info; "
         "/update_weights_from_disk may set a new one"))
+    weight_update_drain_timeout: float = field(default=30.0, metadata=_arg(
+        "seconds /update_weights_from_disk waits for the requests in flight to end (a request ends when the "
+        "scheduler finishes it, read by its client or not); past it the update answers 409 naming how many still "
+        "run and loads nothing, or, when the update asks abort_all_requests or abort_on_drain_timeout, aborts them "
+        "and goes on. New requests wait meanwhile: at most this long (twice when aborting) plus the load itself"))
     watchdog_timeout: float = field(default=300.0, metadata=_arg(
         "seconds any TP collective may wait for a peer rank before failing (a dead rank ends the server)"))
     api_key: str | None = field(default=None, metadata=_arg(

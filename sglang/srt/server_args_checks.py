@@ -95,6 +95,8 @@ def check_and_normalize(args) -> list[str]:
         problems.append("--max-prefill-tokens must be >= 1")
     if args.max_total_tokens is not None and args.max_total_tokens < 16:
         problems.append("--max-total-tokens must be >= 16")
+    if not 0 < args.weight_update_drain_timeout < float("inf"):  # NaN fails too
+        problems.append("--weight-update-drain-timeout must be a finite number of seconds > 0")
     if args.schedule_conservativeness <= 0:
         problems.append("--schedule-conservativeness must be > 0")
     if not 0 < args.mem_fraction_static < 1:

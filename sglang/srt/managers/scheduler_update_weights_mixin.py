@@ -6,7 +6,13 @@ scheduler is idle for the whole update: nothing runs on half-loaded weights. "lo
 the replica's ranks: each loads undoably, the ranks exchange their outcome, and when any failed the ones
 that loaded restore at once. "commit" drops the undo copy and flushes what was computed from the old
 weights (the radix cache's KV, the vision embedding cache); "rollback" restores a replica whose ranks all
-loaded while another replica failed."""
+loaded while another replica failed. The tokenizer side always sends one of them after a load (it shields
+the update from its caller); a load whose commit or rollback never came is rolled back before the next load.
+
+FP8 KV cache: each rank reloads its scales with the weights (weight_update.py). On commit the prefix cache is
+flushed even with `flush_cache: false` (its entries were stored under the old scales), and captured decode
+CUDA graphs, which hold the scales they were captured with, are captured again. Both are decided by the KV
+dtype and the graphs' presence, the same on every rank, so the ranks' caches and collectives stay in step."""
 
 from __future__ import annotations
 
@@ -32,9 +38,12 @@ class SchedulerUpdateWeightsMixin:
             if staged is not None:
                 if req.phase == "commit":
                     staged.commit()
+                    if req.flush_cache or staged.kv_pool is not None:
+                        self.tree.reset()  # KV of cached prefixes came from the old weights (and scales)
                     if req.flush_cache:
-                        self.tree.reset()  # KV of cached prefixes came from the old weights
                         self.worker.clear_mm_cache()  # and so did the cached vision embeddings
+                    if staged.kv_pool is not None:
+                        self._recapture_decode_graphs()
                 else:
                     staged.restore()
             success, message = True, req.phase
@@ -45,6 +54,10 @@ class SchedulerUpdateWeightsMixin:
 
     def _load_weights(self, req: UpdateWeightFromDiskReqInput) -> tuple[bool, str]:
         error = None
+        if self._staged_weights is not None:  # an earlier load's commit or rollback never came: undo it first
+            logger.warning("weight update: a load was neither committed nor rolled back; restoring the weights")
+            self._staged_weights.restore()
+            self._staged_weights = None
         # a request whose client left is over for the tokenizer manager, but its abort (sent before this
         # message) is only marked on a running request: end it now, as the next step would
         self._apply_aborts()
@@ -54,7 +67,9 @@ class SchedulerUpdateWeightsMixin:
         elif not self.is_idle():  # the tokenizer manager's gate makes this unreachable; never load under a batch
             error = "requests are running on this replica"
         if error is None:
-            staged = StagedWeights(self.worker.model_runner.model)
+            runner = self.worker.model_runner
+            fp8_pool = runner.token_to_kv_pool if runner.kv_dtype != runner.dtype else None
+            staged = StagedWeights(runner.model, fp8_pool, runner.cfg.quantization_param_path, self.tp.rank)
             try:
                 staged.load(req.model_path, req.load_format)
                 self._staged_weights = staged
@@ -73,6 +88,15 @@ class SchedulerUpdateWeightsMixin:
             where += f" of DP replica {self.dp_rank}"
         logger.error("weight update from %s failed%s: %s", req.model_path, where, e)
         return False, f"Failed to update weights{where}: {e}. Every rank keeps the weights it had."
+
+    def _recapture_decode_graphs(self) -> None:
+        """Decode CUDA graphs captured the old KV scales as constants: capture them again (the old ones are
+        released first; a capture that fails leaves decode eager, as at start-up)."""
+        runner = self.worker.model_runner
+        if getattr(runner, "cuda_graph_runner", None) is None:
+            return
+        runner.cuda_graph_runner = None
+        runner.cuda_graph_runner = runner._init_cuda_graphs()
 
     def _gather_errors(self, error: str | None) -> list[str | None]:
         """Every TP rank's outcome of the load, in rank order (the same list on every rank)."""

@@ -79,7 +79,9 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
         self._closing = False
         self._control_waiters: dict[int, _ControlWait] = {}  # control request id -> its replies
         self._control_ids = itertools.count(1)
-        self._init_weight_updates(server_args.weight_version)  # the gate between requests and weight updates
+        # the gate between requests and weight updates (tokenizer_update_weights_mixin.py)
+        self._init_weight_updates(server_args.weight_version, server_args.weight_update_drain_timeout,
+                                  server_args.language_only)
         self._background: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._zmq_ctx = None
@@ -338,7 +340,7 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
         if rid in self.rid_to_state:
             raise GenerateError(f"request id {rid!r} is already in use")
         self.rid_to_state[rid] = state
-        self._request_started()
+        self._request_started(state)  # over when the scheduler finishes it (_handle_batch_str_out) or we leave
         try:
             if payload is None:
                 payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
@@ -374,7 +376,7 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
                     if out is not None:
                         yield out
         finally:
-            self._request_ended()
+            self._request_ended(state)
             if self.rid_to_state.get(rid) is state:  # left early: client gone or cancelled
                 self._forget_and_abort(rid)
 

@@ -47,7 +47,8 @@ class _ReqState:
 
 class TokenizerOutputMixin:
     """Needs from its host: ids_only, rid_to_state, tokenizer, metrics, has_served, mark_dead, _recv_sock,
-    _resolve_control (tokenizer_communicator_mixin.py) and weight_version (tokenizer_update_weights_mixin.py)."""
+    _resolve_control (tokenizer_communicator_mixin.py), weight_version and _request_ended
+    (tokenizer_update_weights_mixin.py)."""
 
     weight_version = "default"  # the host's current one is reported in every meta_info
 
@@ -89,6 +90,9 @@ class TokenizerOutputMixin:
             if msg.finished_reasons[i] is not None:
                 state.finished_reason = msg.finished_reasons[i]
                 del self.rid_to_state[rid]
+                # over for a weight update's drain now, not once its caller has read it (an unread stream
+                # must not hold an update, and every request behind it, without end)
+                self._request_ended(state)
                 if self.metrics is not None:
                     meta = self._meta(state)
                     self.metrics.observe_finished(meta["e2e_latency"], meta, state.finished_reason.type)

@@ -37,14 +37,15 @@ class FakeHost(TokenizerUpdateWeightsMixin):
 def test_the_update_waits_for_requests_in_flight_and_holds_new_ones():
     async def run():
         host = FakeHost([True, True])
-        host._request_started()  # one request in flight
+        request = object()
+        host._request_started(request)  # one request in flight
         update = asyncio.ensure_future(host.update_weights_from_disk("/new", weight_version="v1"))
         await asyncio.sleep(0)
         newcomer = asyncio.ensure_future(host._wait_weights_ready())
         for _ in range(5):
             await asyncio.sleep(0)
         assert host.phases == [] and not newcomer.done()  # nothing loads under a running request
-        host._request_ended()
+        host._request_ended(request)
         ok, message = await update
         await newcomer  # the gate opens again
         return host, ok, message
@@ -69,7 +70,7 @@ def test_one_failing_replica_rolls_every_replica_back():
 def test_body_fields():
     assert update_weights_request({"model_path": "/m"}) == {
         "model_path": "/m", "load_format": None, "abort_all_requests": False, "weight_version": None,
-        "flush_cache": True}
+        "flush_cache": True, "abort_on_drain_timeout": False}
     assert update_weights_request({"model_path": "/m", "is_async": False, "token_step": 3})["model_path"] == "/m"
     for body, words in (({}, "model_path"), ({"model_path": "/m", "is_async": True}, "is_async"),
                         ({"model_path": "/m", "what": 1}, "Unrecognized request argument supplied: what"),
