@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from sglang.srt.configs.startup_checks import startup_problems
 from sglang.srt.environ import envs
 from sglang.srt.server_args_values import (
     DEFAULT_ENCODER_MAX_PAYLOAD_SIZE,
@@ -109,6 +110,8 @@ def check_and_normalize(args) -> list[str]:
         problems.append("--tp-size must be a multiple of --nnodes")
     elif args.nnodes > 1 and not args.dist_init_addr:
         problems.append("--dist-init-addr host:port is required with --nnodes > 1")
+    # what the model directory and the scale file make impossible, before any process starts (one line each)
+    problems += startup_problems(args.model_path, args.kv_cache_dtype, args.quantization_param_path, args.tp_size)
     return problems
 
 

@@ -41,3 +41,21 @@ def test_a_kv_scale_file_it_cannot_use_is_refused_in_one_line(model_dir, tmp_pat
         path.write_text('{"kv_cache": {"scaling_factor": {"0": {"0": Infinity}}}}')
     log = _refused(model_dir, tmp_path, "--kv-cache-dtype", "fp8_e4m3", "--quantization-param-path", str(path))
     assert str(path) in log and ("FIFO" in log or "finite" in log), log
+
+
+def test_the_command_line_refuses_them_before_any_process_starts(tiny_model_dir, tmp_path, capsys):
+    """The same refusals through ServerArgs' checks: argparse's one line, before a scheduler is spawned."""
+    from sglang.srt.server_args import ServerArgs
+
+    bad = tmp_path / "moe-top9"
+    shutil.copytree(tiny_model_dir("qwen3-vl-moe-tiny"), bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["text_config"]["num_experts_per_tok"] = 9
+    (bad / "config.json").write_text(json.dumps(cfg))
+    fifo = tmp_path / "scales.fifo"
+    os.mkfifo(fifo)
+    for argv, words in [(["--model-path", str(bad)], "num_experts_per_tok 9"),
+                        (["--kv-cache-dtype", "fp8_e4m3", "--quantization-param-path", str(fifo)], "FIFO")]:
+        with pytest.raises(SystemExit):
+            ServerArgs.from_argv(argv)
+        assert words in capsys.readouterr().err
