@@ -43,7 +43,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("strict-json-strings-off", "json_schema (RFC 8259 strings)", "sglang/srt/constrained/xgrammar_backend.py",
            "    return _NEGATED_CLASS.sub(strict, ebnf)", "    return ebnf",
            ("test/unit/constrained/test_strict_json.py",)),
-    Mutant("epd-cache-trusts-stated-hash", "--encoder-only (cache key)", "sglang/srt/disaggregation/encode_server.py",
+    Mutant("epd-cache-trusts-stated-hash", "--encoder-only (cache key)", "sglang/srt/entrypoints/encode_server.py",
            "            item.hash = content_key(r)\n", "            item.hash = 42\n",
            ("test/unit/disaggregation/test_encoder_trust.py::test_a_stated_hash_cannot_poison_the_cache",)),
 )

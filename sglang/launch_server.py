@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _exit_on_signal)
 
     if server_args.encoder_only:  # encoder disaggregation: the vision tower alone (docs/optimizations/epd.md)
-        from sglang.srt.disaggregation.encode_server import launch_encoder_server
+        from sglang.srt.entrypoints.encode_server import launch_encoder_server
 
         return launch_encoder_server(server_args)
 

@@ -1,6 +1,6 @@
 """Layering rules read from the source (ast, nothing imported): every module of `sglang/` imports only
 downward in the layer order written in docs/architecture.md (section 8, "Layer order"), no modules
-import each other in a circle, no folders either (beyond the listed ones still to untie), sgl-kernel
+import each other in a circle, no folders either, sgl-kernel
 never imports the engine, and only environ.py reads the process environment."""
 
 from __future__ import annotations
@@ -158,11 +158,9 @@ def _folder(module: str) -> str:
     return head if (REPO / Path(*parts[:depth])).is_dir() else module
 
 
-# Folder loops still to untie (issue: the house without knots). The list may only shrink: a loop not listed
-# fails, and a listed loop that is gone fails too, so that it is struck off here when it is untied.
-KNOWN_FOLDER_LOOPS: list[list[str]] = [
-    ["sglang.srt.disaggregation", "sglang.srt.entrypoints", "sglang.srt.managers"],
-]
+# Folder loops still to untie. The list may only shrink (it is empty now): a loop not listed fails, and a
+# listed loop that is gone fails too, so that it is struck off here when it is untied.
+KNOWN_FOLDER_LOOPS: list[list[str]] = []
 
 
 def test_no_folder_imports_back_up_in_a_loop():

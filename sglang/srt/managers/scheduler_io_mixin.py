@@ -73,7 +73,7 @@ class SchedulerIOMixin:
         if not server_args.language_only or server_args.encoder_transfer_backend != "zmq_to_scheduler":
             return
         from sglang.srt.disaggregation.encode_protocol import bind_endpoint
-        from sglang.srt.disaggregation.encode_receiver import EmbeddingRendezvous
+        from sglang.srt.managers.encode_receiver import EmbeddingRendezvous
         from sglang.srt.disaggregation.encode_wire import mac_key
         from sglang.srt.environ import envs
 

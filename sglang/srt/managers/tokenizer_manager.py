@@ -89,8 +89,8 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
         self._recv_sock = None
         self._on_child_death: Callable[[str], None] | None = None
         self._watch_stop = threading.Event()
-        if server_args.language_only:  # disaggregation/encode_receiver.py
-            from sglang.srt.disaggregation.encode_receiver import EmbeddingInbox, EncodeDispatcher
+        if server_args.language_only:  # managers/encode_receiver.py
+            from sglang.srt.managers.encode_receiver import EmbeddingInbox, EncodeDispatcher
 
             to_tokenizer = server_args.encoder_transfer_backend == "zmq_to_tokenizer"
             self.epd_inbox = EmbeddingInbox() if to_tokenizer else None

@@ -13,7 +13,7 @@ import torch
 import zmq
 
 from sglang.srt.disaggregation.encode_protocol import EncodedEmbeddings
-from sglang.srt.disaggregation.encode_receiver import EmbeddingInbox, EmbeddingRendezvous
+from sglang.srt.managers.encode_receiver import EmbeddingInbox, EmbeddingRendezvous
 from sglang.srt.disaggregation.encode_wire import embedding_frames, mac_key
 from sglang.srt.managers.data_parallel_controller import DataParallelController, EmbeddingRouter
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput

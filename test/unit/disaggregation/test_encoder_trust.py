@@ -14,7 +14,7 @@ import torch
 import zmq
 
 from sglang.srt.disaggregation.encode_protocol import ENCODE_PATH, REGISTER_PATH, EncodeRequest
-from sglang.srt.disaggregation.encode_receiver import EncodeDispatcher, EncoderMismatch
+from sglang.srt.managers.encode_receiver import EncodeDispatcher, EncoderMismatch
 from sglang.srt.disaggregation.encode_wire import decode_embedding_frames, encode_request_body, mac_key
 from sglang.srt.disaggregation.model_identity import identity_mismatch, model_identity
 from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
@@ -28,7 +28,7 @@ KEY = "s3cret"
 def encoder(tiny_model_dir):
     import uvicorn
 
-    from sglang.srt.disaggregation.encode_server import EncoderEngine, create_encoder_app
+    from sglang.srt.entrypoints.encode_server import EncoderEngine, create_encoder_app
 
     port = pick_unused_port()
     args = ServerArgs(model_path=str(tiny_model_dir("qwen3-vl-tiny")), encoder_only=True, dtype="float32",

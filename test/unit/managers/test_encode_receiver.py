@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang.srt.disaggregation.encode_protocol import EncodedEmbeddings
-from sglang.srt.disaggregation.encode_receiver import (
+from sglang.srt.managers.encode_receiver import (
     EmbeddingInbox,
     EmbeddingRendezvous,
     EncodeDispatcher,

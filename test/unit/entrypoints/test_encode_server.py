@@ -34,7 +34,7 @@ def _image_bytes(w: int, h: int, seed: int, fmt: str) -> bytes:
 def encoder(tiny_model_dir):
     import uvicorn
 
-    from sglang.srt.disaggregation.encode_server import EncoderEngine, create_encoder_app
+    from sglang.srt.entrypoints.encode_server import EncoderEngine, create_encoder_app
 
     port = pick_unused_port()
     args = ServerArgs(model_path=str(tiny_model_dir("qwen3-vl-tiny")), encoder_only=True, dtype="float32",
