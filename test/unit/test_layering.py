@@ -96,18 +96,16 @@ def test_imports_go_down_the_layer_order():
     assert not bad, "\n".join(bad)
 
 
-def test_no_import_cycles():
-    """Tarjan's strongly connected components over the module graph: every component is one module."""
-    graph = {m: sorted({t for t, _ in _imports(m) if t != m}) for m in _modules()}
-    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
-    counter = [0]
+def _loops(graph: dict[str, set[str]] | dict[str, list[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one node: the groups that import each other."""
+    index, low, on_stack, stack, loops, counter = {}, {}, set(), [], [], [0]
 
     def visit(v):
         index[v] = low[v] = counter[0]
         counter[0] += 1
         stack.append(v)
         on_stack.add(v)
-        for w in graph[v]:
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -122,11 +120,17 @@ def test_no_import_cycles():
                 if w == v:
                     break
             if len(comp) > 1:
-                cycles.append(sorted(comp))
+                loops.append(sorted(comp))
 
-    for v in graph:
+    for v in sorted(graph):
         if v not in index:
             visit(v)
+    return loops
+
+
+def test_no_import_cycles():
+    """Every strongly connected component of the module graph is one module."""
+    cycles = _loops({m: {t for t, _ in _imports(m) if t != m} for m in _modules()})
     assert not cycles, cycles
 
 
@@ -167,33 +171,7 @@ def test_no_folder_imports_back_up_in_a_loop():
     graph: dict[str, set[str]] = {}
     for m in _modules():
         graph.setdefault(_folder(m), set()).update(_folder(t) for t, _ in _imports(m) if _folder(t) != _folder(m))
-    index, low, on_stack, stack, loops, counter = {}, {}, set(), [], [], [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                loops.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
+    loops = _loops(graph)
     assert sorted(loops) == sorted(KNOWN_FOLDER_LOOPS), f"folder loops now: {sorted(loops)}"
 
 

@@ -5,8 +5,8 @@ cannot be poisoned by a stated hash, and a language server refuses an encoder th
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
+import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -18,34 +18,17 @@ from sglang.srt.managers.encode_receiver import EncodeDispatcher, EncoderMismatc
 from sglang.srt.disaggregation.encode_wire import decode_embedding_frames, encode_request_body, mac_key
 from sglang.srt.disaggregation.model_identity import identity_mismatch, model_identity
 from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
-from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.network import pick_unused_port
 
 KEY = "s3cret"
 
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model_dir):
-    import uvicorn
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints"))
+    from encoder_app import encoder_in_thread
 
-    from sglang.srt.entrypoints.encode_server import EncoderEngine, create_encoder_app
-
-    port = pick_unused_port()
-    args = ServerArgs(model_path=str(tiny_model_dir("qwen3-vl-tiny")), encoder_only=True, dtype="float32",
-                      device="cpu", port=port, api_key=KEY, max_payload_size=1 << 20)
-    engine = EncoderEngine(args)
-    server = uvicorn.Server(uvicorn.Config(create_encoder_app(engine, KEY), host="127.0.0.1", port=port,
-                                           log_level="warning", loop="asyncio", http="h11"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "encoder app did not start"
-        time.sleep(0.05)
-    yield engine, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    engine.close()
+    with encoder_in_thread(str(tiny_model_dir("qwen3-vl-tiny")), api_key=KEY, max_payload_size=1 << 20) as served:
+        yield served
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -7,7 +7,6 @@ answered 400 (not an encoder failure)."""
 from __future__ import annotations
 
 import io
-import threading
 import time
 
 import numpy as np
@@ -19,8 +18,6 @@ from PIL import Image
 
 from sglang.srt.disaggregation.encode_protocol import ENCODE_PATH, REGISTER_PATH, EncodeRequest
 from sglang.srt.disaggregation.encode_wire import decode_embedding_frames, encode_request_body
-from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.network import pick_unused_port
 
 
 def _image_bytes(w: int, h: int, seed: int, fmt: str) -> bytes:
@@ -32,26 +29,10 @@ def _image_bytes(w: int, h: int, seed: int, fmt: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def encoder(tiny_model_dir):
-    import uvicorn
+    from encoder_app import encoder_in_thread
 
-    from sglang.srt.entrypoints.encode_server import EncoderEngine, create_encoder_app
-
-    port = pick_unused_port()
-    args = ServerArgs(model_path=str(tiny_model_dir("qwen3-vl-tiny")), encoder_only=True, dtype="float32",
-                      device="cpu", port=port)
-    engine = EncoderEngine(args)
-    server = uvicorn.Server(uvicorn.Config(create_encoder_app(engine), host="127.0.0.1", port=port,
-                                           log_level="warning", loop="asyncio", http="h11"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "encoder app did not start"
-        time.sleep(0.05)
-    yield engine, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    engine.close()
+    with encoder_in_thread(str(tiny_model_dir("qwen3-vl-tiny"))) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
