@@ -10,49 +10,26 @@ Errors are OpenAI-style JSON `{"error": {"message", "type", "code"}}`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 import threading
-import time
-import uuid
 from contextlib import asynccontextmanager
 from multiprocessing.process import BaseProcess
 from typing import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
-from sglang.version import __version__
+from sglang.srt.entrypoints.admin_routes import add_admin_routes
 from sglang.srt.entrypoints.auth import ApiKeyAuth
 from sglang.srt.entrypoints.body_limit import BodySizeLimit
-from sglang.srt.entrypoints.native_generate import native_request_groups, stream_deltas
-from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
-from sglang.srt.entrypoints.weight_routes import update_weights_request
-from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
-from sglang.srt.entrypoints.openai.serving_base import (
-    CLIENT_CLOSED_REQUEST,
-    ClientGone,
-    collect_until_disconnect,
-    drain,
-    error_response,
-    gather_finals,
-    hold_for_first_output,
-    indexed_chunks,
-    json_response,
-    merge_streams,
-    parse_json_body,
-    sse_stream,
-)
-from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from sglang.srt.entrypoints.openai.serving_tokenize import detokenize, tokenize
-from sglang.srt.entrypoints.profile_request import start_profile_request
-from sglang.srt.managers.io_struct import GenerateReqInput, ProfileReq
-from sglang.srt.errors import GenerateError, ServerUnhealthyError
+from sglang.srt.entrypoints.generate_routes import add_generate_routes
+from sglang.srt.entrypoints.health_routes import add_health_routes
+from sglang.srt.entrypoints.openai.routes import add_openai_routes
+from sglang.srt.entrypoints.openai.serving_base import error_response
+from sglang.srt.errors import GenerateError
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.secrets import redact_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +38,6 @@ EXIT_GRACE_S = 1.0
 # SIGTERM/SIGINT: requests in flight get this long to finish; those still running then answer 503
 # ("shutting down") just before the HTTP server would cancel them (which would be a 500).
 SHUTDOWN_GRACE_S = 5.0
-# /health_generate: the one-token probe must finish within this, or the server answers 503.
-HEALTH_GENERATE_TIMEOUT_S = 20.0
-# /stop_profile answers once every rank wrote its trace: large GPU traces take a while to export.
-PROFILE_STOP_TIMEOUT_S = 300.0
 
 
 def _draining_server_class():
@@ -96,10 +69,10 @@ def create_app(
     child_processes: list[BaseProcess] | None = None,
     on_child_death: Callable[[str], None] | None = None,
 ) -> FastAPI:
+    """The app: the tokenizer manager's lifespan, the body limit and --api-key in front, and the routers
+    by concern, each file adding its own (health, OpenAI, administration, native generate)."""
     tm = tokenizer_manager
     model_name = server_args.served_model_name or tm.model_path
-    chat = OpenAIServingChat(tm, model_name)
-    completion = OpenAIServingCompletion(tm, model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -122,242 +95,11 @@ def create_app(
         logger.exception("unhandled error on %s", request.url.path)
         return error_response(GenerateError(f"internal server error: {type(exc).__name__}: {exc}", 500, "server_error"))
 
-    @app.get("/health")
-    async def health() -> Response:
-        if not tm.healthy:
-            return error_response(ServerUnhealthyError(f"server unavailable: {tm.dead_reason}"))
-        return json_response({"status": "ok"})
-
-    if tm.metrics is not None:
-
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            return Response(await tm.render_metrics(), media_type="text/plain; version=0.0.4")
-
-    def model_card() -> ModelCard:
-        return ModelCard(id=model_name, root=tm.model_path, max_model_len=tm.context_length)
-
-    async def one_token_probe(what: str) -> Response:
-        """200 once a one-token generation went through the whole pipeline; 503 naming why otherwise."""
-        obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                               rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
-        try:
-            # On timeout the probe is cancelled, and a cancelled generation aborts its request.
-            out = await asyncio.wait_for(drain(tm.generate_request(obj)), HEALTH_GENERATE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            return error_response(ServerUnhealthyError(
-                f"{what}: a one-token generation did not finish within {HEALTH_GENERATE_TIMEOUT_S:g} s"))
-        except GenerateError as e:
-            return error_response(ServerUnhealthyError(f"{what}: a one-token generation failed: {e.message}"))
-        if out is None or out["meta_info"]["finish_reason"]["type"] == "abort":
-            return error_response(ServerUnhealthyError(f"{what}: the one-token generation was aborted"))
-        return json_response({"status": "ok"})
-
-    @app.get("/health_generate")
-    async def health_generate() -> Response:
-        return await one_token_probe("health check")
-
-    @app.api_route("/", methods=["GET", "HEAD"])
-    async def root() -> Response:
-        return json_response("SGLang is running")  # upstream's answer: the HTTP server is up
-
-    @app.get("/ping")
-    async def ping() -> Response:
-        """SageMaker's liveness route: 200 with an empty body while the server serves."""
-        if not tm.accepting:
-            return error_response(ServerUnhealthyError(f"server unavailable: {tm.dead_reason or 'shutting down'}"))
-        return Response(status_code=200)
-
-    ready_probe: list[asyncio.Task] = []  # the one probe in flight, shared by concurrent /ready calls
-
-    @app.get("/ready")
-    async def ready() -> Response:
-        """503 until a generation has come back through scheduler and detokenizer (the first /ready
-        sends a one-token one when no request has yet), and again once the server is dying or
-        shutting down; 200 {"status": "ready"} otherwise."""
-        if not tm.accepting:
-            return error_response(ServerUnhealthyError(f"not ready: {tm.dead_reason or 'shutting down'}"))
-        if not tm.has_served:
-            if not ready_probe or ready_probe[0].done():
-                ready_probe[:] = [asyncio.ensure_future(one_token_probe("not ready"))]
-            probe = await asyncio.shield(ready_probe[0])
-            if probe.status_code != 200:
-                return probe
-        return json_response({"status": "ready"})
-
-    @app.get("/v1/models")
-    async def models() -> Response:
-        return json_response(ModelList(data=[model_card()]).model_dump())
-
-    @app.get("/v1/models/{model:path}")
-    async def retrieve_model(model: str) -> Response:
-        if model != model_name:
-            return error_response(GenerateError(f"the model {model!r} does not exist; this server serves "
-                                                f"{model_name!r}", 404, "invalid_request_error"))
-        return json_response(model_card().model_dump())
-
-    @app.get("/model_info")
-    @app.get("/get_model_info")
-    async def model_info() -> Response:
-        return json_response({
-            "model_path": tm.model_path,
-            "tokenizer_path": server_args.tokenizer_path or tm.model_path,
-            "served_model_name": model_name,
-            "is_generation": True,
-            "is_multimodal": tm.processor is not None,
-            "architectures": tm.hf_config.get("architectures"),
-            "model_type": tm.hf_config.get("model_type"),
-            "context_length": tm.context_length,
-            "weight_version": tm.weight_version,
-        })
-
-    @app.get("/get_weight_version")
-    async def get_weight_version() -> Response:
-        return json_response({"weight_version": tm.weight_version})
-
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> Response:
-        """Swaps the weights in place on every rank and replica, or on none (weight_routes.py)."""
-        try:
-            success, message = await tm.update_weights_from_disk(
-                **update_weights_request(parse_json_body(await request.body())))
-        except GenerateError as e:
-            return error_response(e)
-        return json_response({"success": success, "message": message, "num_paused_requests": 0},
-                             status_code=200 if success else 400)
-
-    @app.get("/server_info")
-    @app.get("/get_server_info")
-    async def server_info() -> Response:
-        try:
-            info = await tm.get_server_info()
-        except GenerateError as e:
-            return error_response(e)
-        lm_attn, mm_attn = server_args.resolved_attention_backends()  # what "auto" became
-        return json_response({**redact_secrets(dataclasses.asdict(server_args)), "model_path": tm.model_path,
-                              "attention_backend": lm_attn, "mm_attention_backend": mm_attn, **info,
-                              "version": __version__})
-
-    @app.get("/get_load")
-    async def get_load() -> Response:
-        """Upstream's load report, polled by sglang-router: one entry per data-parallel replica."""
-        try:
-            return json_response(await tm.get_load())
-        except GenerateError as e:
-            return error_response(e)
-
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Response:
-        try:
-            out = await tm.flush_cache()
-        except GenerateError as e:
-            return error_response(e)
-        if not out.success:
-            return error_response(GenerateError(f"cache not flushed: {out.message}"))
-        return json_response({"success": True, "message": "cache flushed"})
-
-    @app.api_route("/start_profile", methods=["GET", "POST"])
-    async def start_profile(request: Request) -> Response:
-        """torch.profiler in every scheduler process until /stop_profile or `num_steps` forward steps (bounded);
-        traces go under SGLANG_TORCH_PROFILER_DIR (`output_dir` only inside it)."""
-        try:
-            body = await request.body()
-            req = start_profile_request(parse_json_body(body) if body.strip() else {})
-            out = await tm.profile(req)
-        except GenerateError as e:
-            return error_response(e)
-        if not out.success:
-            return error_response(GenerateError(f"profiling not started: {out.message}"))
-        return Response(f"Start profiling.\nThe trace of each scheduler rank goes to {_rank_paths(out.files)}\n")
-
-    @app.api_route("/stop_profile", methods=["GET", "POST"])
-    async def stop_profile() -> Response:
-        try:
-            out = await tm.profile(ProfileReq("stop"), timeout=PROFILE_STOP_TIMEOUT_S)
-        except GenerateError as e:
-            return error_response(e)
-        if not out.success:
-            return error_response(GenerateError(f"profiling not stopped: {out.message}"))
-        return Response(f"Stop profiling. This will take some time.\nTraces written: {_rank_paths(out.files)}\n")
-
-    for path, handler in (("/tokenize", tokenize), ("/detokenize", detokenize)):
-        async def route(request: Request, handler=handler) -> Response:
-            try:
-                return json_response(await handler(tm, await request.body()))
-            except GenerateError as e:
-                return error_response(e)
-
-        app.add_api_route(path, route, methods=["POST"])
-        app.add_api_route("/v1" + path, route, methods=["POST"])
-
-    @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(request: Request) -> Response:
-        created = time.time()
-        try:
-            groups, batch = native_request_groups(parse_json_body(await request.body()), created)
-            prepared = await tm.tokenize_requests(groups)  # a prompt built once for its n samples, prompts concurrently
-        except GenerateError as e:
-            return error_response(e)
-        streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
-        if groups[0][0].stream:
-            try:
-                streams = await hold_for_first_output(request, streams)  # a failure before running: its status
-            except GenerateError as e:
-                return error_response(e)
-            except ClientGone:
-                return Response(status_code=CLIENT_CLOSED_REQUEST)
-            events = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))
-            if server_args.stream_output:
-                events = stream_deltas(events)
-            return StreamingResponse(sse_stream(events), media_type="text/event-stream")
-        try:
-            out = await collect_until_disconnect(request, gather_finals(streams) if batch else streams[0])
-        except GenerateError as e:
-            return error_response(e)
-        return Response(status_code=CLIENT_CLOSED_REQUEST) if out is None else json_response(out)
-
-    @app.post("/abort_request")
-    async def abort_request(request: Request) -> Response:
-        """Ends a running request (`rid`) or all of them (`abort_all`); their callers get finish
-        reason "abort". Unknown ids are not an error: the request may have just finished."""
-        try:
-            data = parse_json_body(await request.body())
-            rid, abort_all = data.get("rid", ""), data.get("abort_all", False)
-            if not isinstance(rid, str) or not isinstance(abort_all, bool) or not (rid or abort_all):
-                raise GenerateError("give 'rid' (a request id string) or 'abort_all': true")
-        except GenerateError as e:
-            return error_response(e)
-        return json_response({"success": True, "num_aborted": tm.abort_request(rid, abort_all)})
-
-    @app.post("/parse_function_call")
-    async def parse_function_call_route(request: Request) -> Response:
-        try:
-            template = getattr(getattr(getattr(tm, "builder", None), "tokenizer", None), "chat_template", None)
-            return json_response(parse_function_call(parse_json_body(await request.body()), server_args, template))
-        except GenerateError as e:
-            return error_response(e)
-
-    @app.post("/separate_reasoning")
-    async def separate_reasoning_route(request: Request) -> Response:
-        try:
-            return json_response(separate_reasoning(parse_json_body(await request.body()), server_args))
-        except GenerateError as e:
-            return error_response(e)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await chat.handle_request(request)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await completion.handle_request(request)
-
+    add_health_routes(app, tm)
+    add_openai_routes(app, tm, model_name)
+    add_admin_routes(app, tm, server_args, model_name)
+    add_generate_routes(app, tm, server_args)
     return app
-
-
-def _rank_paths(files: list[str]) -> str:
-    """Rank 0's trace path, with its `-TP-0.` generalized to every rank."""
-    return ", ".join(f.replace("-TP-0.", "-TP-<rank>.") for f in files)
 
 
 # ----------------------------------------------------------------------------- process entry

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from sglang.srt.entrypoints import http_server
+from sglang.srt.entrypoints import health_routes, http_server
 from sglang.srt.entrypoints.auth import OPEN_PATHS
 from sglang.srt.errors import GenerateError
 from sglang.srt.server_args import ServerArgs
@@ -306,7 +306,7 @@ def test_health_generate_ok():
 
 
 def test_health_generate_times_out_with_503_and_closes_the_probe(monkeypatch):
-    monkeypatch.setattr(http_server, "HEALTH_GENERATE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(health_routes, "HEALTH_GENERATE_TIMEOUT_S", 0.05)
     tm = FakeTM()
     tm.hang = True
     status, body = call_json(_app(tm), "GET", "/health_generate")

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from sglang import __version__
-from sglang.srt.entrypoints import http_server
+from sglang.srt.entrypoints import health_routes
 from sglang.srt.managers.io_struct import ProfileReqOutput
 from test_http_routes import FakeTM, _app, _out, call, call_json
 
@@ -74,7 +74,7 @@ def test_ready_probes_once_until_a_generation_came_back():
 
 
 def test_ready_is_503_while_the_pipeline_does_not_answer(monkeypatch):
-    monkeypatch.setattr(http_server, "HEALTH_GENERATE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(health_routes, "HEALTH_GENERATE_TIMEOUT_S", 0.05)
     tm = Fake()
     tm.hang = True
     status, body = call_json(_app(tm), "GET", "/ready")
