@@ -334,7 +334,7 @@ class Engine:
         return [tm.generate_tokenized(t, p) for t, p in await tm.tokenize_requests(groups)]
 
     async def _collect(self, groups, as_list: bool) -> dict | list[dict]:
-        from sglang.srt.entrypoints.openai.serving_base import drain
+        from sglang.srt.entrypoints.openai.streams import drain
 
         outs = await asyncio.gather(*(drain(g) for g in await self._generations(groups)))
         return list(outs) if as_list else outs[0]
@@ -344,7 +344,7 @@ class Engine:
         batch, n samples), every request's chunks as they come, each tagged "index" as /generate tags them.
         Runs on the engine's loop; closing it aborts every unfinished request."""
         from sglang.srt.entrypoints.native_generate import stream_deltas
-        from sglang.srt.entrypoints.openai.serving_base import indexed_chunks, merge_streams
+        from sglang.srt.entrypoints.openai.streams import indexed_chunks, merge_streams
 
         streams = await self._generations(groups)
         chunks = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))

@@ -11,16 +11,18 @@ from fastapi.responses import Response, StreamingResponse
 from sglang.srt.entrypoints.native_generate import native_request_groups, stream_deltas
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
+    error_response,
+    json_response,
+    parse_json_body,
+    sse_stream,
+)
+from sglang.srt.entrypoints.openai.streams import (
     ClientGone,
     collect_until_disconnect,
-    error_response,
     gather_finals,
     hold_for_first_output,
     indexed_chunks,
-    json_response,
     merge_streams,
-    parse_json_body,
-    sse_stream,
 )
 from sglang.srt.entrypoints.openai.serving_tokenize import detokenize, tokenize
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning

@@ -9,7 +9,8 @@ import uuid
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from sglang.srt.entrypoints.openai.serving_base import drain, error_response, json_response
+from sglang.srt.entrypoints.openai.serving_base import error_response, json_response
+from sglang.srt.entrypoints.openai.streams import drain
 from sglang.srt.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager

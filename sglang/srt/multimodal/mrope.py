@@ -80,6 +80,106 @@ def _vision_block_positions(
     return pos
 
 
+def _video_blocks(videos, model_type: str, tokens_per_second, second_per_grid_ts) -> list:
+    """Per video block: (grid, temporal offsets before adding the start position). Qwen3-VL gives every
+    frame group its own block with timestamps in the text; Qwen2.5-VL steps time by tokens_per_second;
+    Qwen2-VL by one per temporal patch."""
+    video_blocks: list[tuple[tuple[int, int, int], np.ndarray]] = []
+    if model_type in QWEN3_VL_MODEL_TYPES:
+        for t, h, w in videos:
+            for _ in range(t):
+                video_blocks.append(((1, h, w), np.zeros(1, dtype=np.int64)))
+    elif model_type in QWEN2_5_VL_MODEL_TYPES:
+        tps = DEFAULT_TOKENS_PER_SECOND if tokens_per_second is None else tokens_per_second
+        if second_per_grid_ts is not None:
+            secs = _to_float_list(second_per_grid_ts)
+            if len(secs) < len(videos):
+                raise MRopeError(
+                    f"second_per_grid_ts has {len(secs)} entries but there are {len(videos)} videos"
+                )
+        else:
+            secs = None
+        for vi, (t, h, w) in enumerate(videos):
+            if secs is None:
+                # reference: integer tokens_per_second * 1 -> exact integer steps
+                step = tps * 1
+                if float(step).is_integer():
+                    temporal = np.arange(t, dtype=np.int64) * int(step)
+                else:
+                    temporal = (np.arange(t, dtype=np.float32) * np.float32(step)).astype(np.int64)
+            else:
+                # reference: tokens_per_second * float32 tensor -> float32 interval;
+                # arange(t) * interval in float32, then truncated to int64.
+                interval = np.float32(np.float32(tps) * np.float32(secs[vi]))
+                temporal = (np.arange(t, dtype=np.float32) * interval).astype(np.int64)
+            video_blocks.append(((t, h, w), temporal))
+    else:  # qwen2_vl
+        for t, h, w in videos:
+            video_blocks.append(((t, h, w), np.arange(t, dtype=np.int64)))
+    return video_blocks
+
+
+def _fill_positions(positions, ids, token_type, images, video_blocks, m: int, image_token_id: int,
+                    num_videos: int, text_start_after_vision: str) -> tuple[int, int]:
+    """Fills `positions` run by run: text runs count on, a placeholder run is split into its images (or
+    video blocks) by their token counts. Returns how many images and video blocks were placed."""
+    n = int(ids.shape[0])
+    if n:  # run boundaries of equal token type
+        change = np.flatnonzero(np.diff(token_type)) + 1
+        starts = np.concatenate(([0], change))
+        ends = np.concatenate((change, [n]))
+    else:
+        starts = ends = np.zeros(0, dtype=np.int64)
+    img_i = 0
+    vid_i = 0
+    cur = 0
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        kind = int(token_type[s])
+        if kind == 0:
+            positions[:, s:e] = np.arange(cur, cur + (e - s), dtype=np.int64)
+            cur += e - s
+            continue
+        pos = s
+        while pos < e:
+            if kind == 1:
+                if img_i >= len(images):
+                    raise MRopeError(
+                        f"more image placeholder tokens than images: {int((ids == image_token_id).sum())} "
+                        f"image tokens but only {len(images)} image grid(s)"
+                    )
+                t, h, w = images[img_i]
+                temporal = np.arange(t // 1, dtype=np.int64)  # images: time_interval 1
+                img_i += 1
+                what = f"image {img_i - 1}"
+            else:
+                if vid_i >= len(video_blocks):
+                    raise MRopeError(
+                        f"more video placeholder tokens than video grids ({num_videos} video(s))"
+                    )
+                (t, h, w), temporal = video_blocks[vid_i]
+                vid_i += 1
+                what = f"video block {vid_i - 1}"
+            if h % m or w % m:
+                raise MRopeError(f"{what}: grid (t={t}, h={h}, w={w}) is not divisible by merge size {m}")
+            lh, lw = h // m, w // m
+            count = t * lh * lw
+            if count <= 0:
+                raise MRopeError(f"{what}: empty grid (t={t}, h={h}, w={w})")
+            if pos + count > e:
+                raise MRopeError(
+                    f"{what} needs {count} placeholder tokens (grid t={t}, h={h}, w={w}, merge={m}) but only "
+                    f"{e - pos} remain in the placeholder run at [{s}, {e})"
+                )
+            block = _vision_block_positions(cur, t, lh, lw, temporal)
+            positions[:, pos : pos + count] = block
+            if text_start_after_vision == "grid":
+                cur += max(h, w) // m
+            else:
+                cur = int(block.max()) + 1
+            pos += count
+    return img_i, vid_i
+
+
 def compute_mrope_positions(
     input_ids,
     image_grid_thw=None,
@@ -125,101 +225,14 @@ def compute_mrope_positions(
     images = _grid_list(image_grid_thw)
     videos = _grid_list(video_grid_thw)
 
-    # Per video block: (grid, temporal offsets before adding the start position).
-    video_blocks: list[tuple[tuple[int, int, int], np.ndarray]] = []
-    if model_type in QWEN3_VL_MODEL_TYPES:
-        for t, h, w in videos:
-            for _ in range(t):
-                video_blocks.append(((1, h, w), np.zeros(1, dtype=np.int64)))
-    elif model_type in QWEN2_5_VL_MODEL_TYPES:
-        tps = DEFAULT_TOKENS_PER_SECOND if tokens_per_second is None else tokens_per_second
-        if second_per_grid_ts is not None:
-            secs = _to_float_list(second_per_grid_ts)
-            if len(secs) < len(videos):
-                raise MRopeError(
-                    f"second_per_grid_ts has {len(secs)} entries but there are {len(videos)} videos"
-                )
-        else:
-            secs = None
-        for vi, (t, h, w) in enumerate(videos):
-            if secs is None:
-                # reference: integer tokens_per_second * 1 -> exact integer steps
-                step = tps * 1
-                if float(step).is_integer():
-                    temporal = np.arange(t, dtype=np.int64) * int(step)
-                else:
-                    temporal = (np.arange(t, dtype=np.float32) * np.float32(step)).astype(np.int64)
-            else:
-                # reference: tokens_per_second * float32 tensor -> float32 interval;
-                # arange(t) * interval in float32, then truncated to int64.
-                interval = np.float32(np.float32(tps) * np.float32(secs[vi]))
-                temporal = (np.arange(t, dtype=np.float32) * interval).astype(np.int64)
-            video_blocks.append(((t, h, w), temporal))
-    else:  # qwen2_vl
-        for t, h, w in videos:
-            video_blocks.append(((t, h, w), np.arange(t, dtype=np.int64)))
-
+    video_blocks = _video_blocks(videos, model_type, tokens_per_second, second_per_grid_ts)
     positions = np.empty((3, n), dtype=np.int64)
     token_type = np.zeros(n, dtype=np.int8)
     token_type[ids == image_token_id] = 1
     token_type[ids == video_token_id] = 2
 
-    # Run boundaries of equal token type.
-    if n:
-        change = np.flatnonzero(np.diff(token_type)) + 1
-        starts = np.concatenate(([0], change))
-        ends = np.concatenate((change, [n]))
-    else:
-        starts = ends = np.zeros(0, dtype=np.int64)
-
-    img_i = 0
-    vid_i = 0
-    cur = 0
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        kind = int(token_type[s])
-        if kind == 0:
-            positions[:, s:e] = np.arange(cur, cur + (e - s), dtype=np.int64)
-            cur += e - s
-            continue
-        pos = s
-        while pos < e:
-            if kind == 1:
-                if img_i >= len(images):
-                    raise MRopeError(
-                        f"more image placeholder tokens than images: {int((ids == image_token_id).sum())} "
-                        f"image tokens but only {len(images)} image grid(s)"
-                    )
-                t, h, w = images[img_i]
-                temporal = np.arange(t // 1, dtype=np.int64)  # images: time_interval 1
-                img_i += 1
-                what = f"image {img_i - 1}"
-            else:
-                if vid_i >= len(video_blocks):
-                    raise MRopeError(
-                        f"more video placeholder tokens than video grids ({len(videos)} video(s))"
-                    )
-                (t, h, w), temporal = video_blocks[vid_i]
-                vid_i += 1
-                what = f"video block {vid_i - 1}"
-            if h % m or w % m:
-                raise MRopeError(f"{what}: grid (t={t}, h={h}, w={w}) is not divisible by merge size {m}")
-            lh, lw = h // m, w // m
-            count = t * lh * lw
-            if count <= 0:
-                raise MRopeError(f"{what}: empty grid (t={t}, h={h}, w={w})")
-            if pos + count > e:
-                raise MRopeError(
-                    f"{what} needs {count} placeholder tokens (grid t={t}, h={h}, w={w}, merge={m}) but only "
-                    f"{e - pos} remain in the placeholder run at [{s}, {e})"
-                )
-            block = _vision_block_positions(cur, t, lh, lw, temporal)
-            positions[:, pos : pos + count] = block
-            if text_start_after_vision == "grid":
-                cur += max(h, w) // m
-            else:
-                cur = int(block.max()) + 1
-            pos += count
-
+    img_i, vid_i = _fill_positions(positions, ids, token_type, images, video_blocks, m, image_token_id,
+                                   len(videos), text_start_after_vision)
     if img_i != len(images):
         raise MRopeError(
             f"{len(images)} image grid(s) given but the input ids hold placeholder tokens for only {img_i}"

@@ -10,12 +10,9 @@ import pytest
 
 from sglang.srt.entrypoints.openai.serving_base import (
     SSE_DONE,
-    collect_until_disconnect,
-    drain,
     error_body,
     error_response,
     finish_reason_str,
-    gather_finals,
     json_response,
     parse_json_body,
     sampling_from_request,
@@ -23,6 +20,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     sse_stream,
     usage_from_meta,
 )
+from sglang.srt.entrypoints.openai.streams import collect_until_disconnect, drain, gather_finals
 from sglang.srt.errors import GenerateError, ServerUnhealthyError
 
 
@@ -185,7 +183,7 @@ def test_a_held_stream_turns_an_early_failure_into_its_status_and_closes_the_oth
     the error (a018ab2 held only constrained streams)."""
     import asyncio
 
-    from sglang.srt.entrypoints.openai.serving_base import hold_for_first_output
+    from sglang.srt.entrypoints.openai.streams import hold_for_first_output
     from sglang.srt.errors import GenerateError
 
     closed = []
@@ -217,7 +215,7 @@ def test_a_held_stream_turns_an_early_failure_into_its_status_and_closes_the_oth
 def test_a_client_that_leaves_while_its_stream_is_held_aborts_it():
     import asyncio
 
-    from sglang.srt.entrypoints.openai.serving_base import ClientGone, hold_for_first_output
+    from sglang.srt.entrypoints.openai.streams import ClientGone, hold_for_first_output
 
     closed = []
 
