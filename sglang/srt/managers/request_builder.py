@@ -40,6 +40,7 @@ from sglang.srt.multimodal.transport.shm import (
 )
 from sglang.srt.managers.request_validation import (
     check_custom_logit_processor,
+    check_in_worker,
     check_input_ids,
     check_priority,
     check_prompt_length,
@@ -173,7 +174,7 @@ class RequestBuilder:
             raise GenerateError("exactly one of text, input_ids or messages must be given")
         if obj.text is not None and not isinstance(obj.text, str):
             raise GenerateError(f"text must be a string, got {type(obj.text).__name__}")
-        sampling, to_context = make_sampling_params(obj.sampling_params)
+        sampling, to_context = make_sampling_params(obj.sampling_params, compile_patterns=False)  # build compiles
         if self.server_args.skip_tokenizer_init:
             refuse_tokenizer_work(obj, sampling)
         refuse_grammar_without_backend(sampling, self.server_args.grammar_backend)
@@ -224,6 +225,7 @@ class RequestBuilder:
     def build(self, req: CheckedRequest) -> tuple[TokenizedGenerateReqInput, bytes]:
         """The wire message and its pickle (made here, off the event loop: pixel tensors can be large)."""
         obj = req.obj
+        check_in_worker(req.sampling, obj.custom_logit_processor)  # stop_regex compiles, processor loads: bounded
         try:
             prompt = self._render_chat(req.messages, obj) if req.messages is not None else obj.text
             if obj.input_ids is not None:

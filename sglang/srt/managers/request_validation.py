@@ -2,7 +2,8 @@
 (by name and type, refused fields named), token ids against the vocabulary, priority, the media
 sources of chat parts, what --skip-tokenizer-init and local-file rules refuse, the DP rank asked for,
 and (once tokenized) the prompt's and the output's room in the context and the KV cache. Each problem
-is a `GenerateError` (400) naming the field or the limit. `RequestBuilder` calls them."""
+is a `GenerateError` (400) naming the field or the limit. `RequestBuilder` calls them: on the event loop
+all but `check_in_worker` and the length checks, which run in its worker thread."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ from typing import Any
 from sglang.srt.errors import GenerateError
 from sglang.srt.managers.field_policy import SAMPLING_REFUSED, refusal_message
 from sglang.srt.multimodal.image_io import is_local_path_source
-from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessorError, checked_processor
+from sglang.srt.sampling.client_threads import ClientThreadsBusy
+from sglang.srt.sampling.custom_logit_processor import (
+    CustomLogitProcessorError,
+    check_processor_format,
+    checked_processor,
+)
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.stop_regex import StopRegexError, checked_patterns
 from sglang.srt.server_args import ServerArgs
 
 
@@ -29,17 +36,40 @@ def check_priority(priority: Any, server_args: ServerArgs) -> int:
 
 
 def check_custom_logit_processor(processor: Any, server_args: ServerArgs) -> str | None:
-    """A request's custom_logit_processor: a 400 with upstream's message when the server does not run client
-    processors, or naming what is wrong with the string (unpickled here, once per distinct string)."""
+    """A request's custom_logit_processor, on the event loop: a 400 with upstream's message when the server
+    does not run client processors, or naming what is wrong with the string's form. Runs none of the
+    client's code: `check_in_worker` unpickles and instantiates it."""
     if processor is None:
         return None
     if not server_args.enable_custom_logit_processor:
         raise GenerateError("The server is not configured to enable custom logit processor. "
                             "Please set `--enable-custom-logit-processor` to enable this feature.")
     try:
-        return checked_processor(processor)
+        check_processor_format(processor)
     except CustomLogitProcessorError as e:
         raise GenerateError(f"invalid custom_logit_processor: {e}") from None
+    return processor
+
+
+def check_in_worker(sampling: SamplingParams, processor: str | None) -> None:
+    """The checks that run work a client controls, for a request whose cheap checks passed on the event
+    loop (`make_sampling_params(..., compile_patterns=False)`, `check_custom_logit_processor`): its
+    stop_regex patterns are parsed, size-checked, compiled and probed, and its custom_logit_processor is
+    unpickled and instantiated in a thread of its own, at most LOAD_TIMEOUT_S (400 past it; 503 when every
+    such thread is held by earlier processors that never returned). Run in the request's worker thread."""
+    if sampling.stop_regex:
+        try:
+            sampling.stop_regex = checked_patterns(sampling.stop_regex)
+        except StopRegexError as e:
+            raise GenerateError(f"invalid sampling parameters: {e}") from None
+    if processor is None:
+        return
+    try:
+        checked_processor(processor)
+    except CustomLogitProcessorError as e:
+        raise GenerateError(f"invalid custom_logit_processor: {e}") from None
+    except ClientThreadsBusy as e:
+        raise GenerateError(f"custom_logit_processor not loaded: {e}", 503, "service_unavailable") from None
 
 
 def merge_media_sources(sources: list[Any], media_data: list[Any], kind: str = "image") -> list[Any]:
@@ -55,8 +85,9 @@ def merge_media_sources(sources: list[Any], media_data: list[Any], kind: str = "
     return [next(supplied) if s is None else s for s in sources]
 
 
-def make_sampling_params(raw: dict[str, Any] | None) -> tuple[SamplingParams, bool]:
-    """The verified params, and whether max_new_tokens is "up to the context length" (given as None)."""
+def make_sampling_params(raw: dict[str, Any] | None, compile_patterns: bool = True) -> tuple[SamplingParams, bool]:
+    """The verified params, and whether max_new_tokens is "up to the context length" (given as None).
+    `compile_patterns=False` (the event loop) leaves compiling stop_regex to `check_in_worker`."""
     if raw is not None and not isinstance(raw, dict):
         raise GenerateError(f"sampling_params must be an object, got {type(raw).__name__}")
     raw = raw or {}
@@ -85,7 +116,7 @@ def make_sampling_params(raw: dict[str, Any] | None) -> tuple[SamplingParams, bo
         sp = SamplingParams(**kw)
         if to_context:
             sp.max_new_tokens = max(1, sp.min_new_tokens)  # placeholder until the prompt length is known
-        sp.verify()
+        sp.verify(compile_patterns)
     except (ValueError, TypeError) as e:
         raise GenerateError(f"invalid sampling parameters: {e}") from None
     return sp, to_context

@@ -124,10 +124,10 @@ class TpModelWorker:
         if grammar_rows and info.banned is not None:  # a min_new_tokens ban must not leave a row no token
             logits = revive_dead_rows(logits, grammar_masked, grammar_rows)
         if any(r.custom_logit_processor is not None for r in reqs):  # last, on what would be sampled (upstream's order)
-            for row, message in apply_custom_logit_processors(logits, reqs, dropped):
-                # the client's code failed: its request ends with no token from this row, alike on every rank;
-                # the batch goes on
-                reqs[row].to_abort = FinishReason("abort", message=message, status_code=400)
+            for row, message, status in apply_custom_logit_processors(logits, reqs, dropped, self.tp):
+                # the client's code failed or ran out of time (the ranks agreed on which rows): its request
+                # ends with no token from this row, alike on every rank; the batch goes on
+                reqs[row].to_abort = FinishReason("abort", message=message, status_code=status)
         ids = self.sampler(logits, info)
         self._last_sampled = (batch.seq, ids)
         logprobs = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglang.srt.constrained.request_fields import GRAMMAR_KINDS, ConstraintError, checked_sampling_constraint
-from sglang.srt.sampling.stop_regex import StopRegexError, checked_patterns
+from sglang.srt.sampling.stop_regex import StopRegexError, checked_pattern_shapes, checked_patterns
 
 
 class SamplingParamsError(ValueError):
@@ -51,7 +51,10 @@ class SamplingParams:
     # the processor per row (sglang/srt/sampling/custom_logit_processor.py)
     custom_params: dict | None = None
 
-    def verify(self) -> None:
+    def verify(self, compile_patterns: bool = True) -> None:
+        """Raises SamplingParamsError naming the first bad field. `compile_patterns=False` leaves out what
+        compiles stop_regex patterns (sampling/stop_regex.py: `checked_patterns`), for a caller on the event
+        loop that runs that part in a worker thread later; their number and length are still checked."""
         # 0: prefill only (prompt logprobs for scoring), no output token
         if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 0:
             raise SamplingParamsError(f"max_new_tokens must be a non-negative integer, got {self.max_new_tokens!r}")
@@ -72,7 +75,7 @@ class SamplingParams:
         if len(self.stop) > 16:
             raise SamplingParamsError("at most 16 stop strings")
         try:
-            self.stop_regex = checked_patterns(self.stop_regex)
+            self.stop_regex = (checked_patterns if compile_patterns else checked_pattern_shapes)(self.stop_regex)
         except StopRegexError as e:
             raise SamplingParamsError(str(e)) from None
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):

@@ -1,6 +1,7 @@
 """stop_regex: the admission check, the scheduler's per-token search and the stream's hold-back.
 
-A client's pattern runs against the output once per token in the scheduler and once per streamed chunk on
+A client's pattern is parsed, size-checked and compiled at admission in a worker thread (never on the HTTP
+event loop), and runs against the output once per token in the scheduler and once per streamed chunk on
 the HTTP event loop, so every search is bounded in time (`SGLANG_STOP_REGEX_TIMEOUT_MS`): a pattern that
 backtracks past the budget ends its own request with a 400 instead of stalling everyone else's.
 
@@ -22,10 +23,12 @@ import regex
 from sglang.srt.environ import envs
 
 MAX_STOP_REGEXES = 16
-MAX_STOP_REGEX_CHARS = 4096  # per pattern: compiled on the event loop at admission
+MAX_STOP_REGEX_CHARS = 4096  # per pattern
 # Counted repeats are unrolled by the compiler: `(?:(?:a{1000}){1000}){1000}` is 28 characters and takes the
 # process down. A pattern's size with every repeat unrolled is bounded before it is compiled: 100,000
 # elements compile to ~15 MB in ~57 ms, 10,000 to ~1.5 MB in a few ms (a stop pattern needs far fewer).
+# The size is read from the pattern as the `regex` module parses it (inline flags such as `(?x)` included),
+# never from its text: in verbose mode `(?:a{1000} ) {1000}` repeats the group, not a space.
 MAX_STOP_REGEX_EXPANDED = 10_000
 # compiled patterns kept per process (the tokenizer's admission check and each scheduler rank):
 # with the bound above at most ~100 MB however many distinct patterns clients send
@@ -51,23 +54,32 @@ def timeout_s() -> float:
     return envs.SGLANG_STOP_REGEX_TIMEOUT_MS.get() / 1e3
 
 
-def checked_patterns(value) -> list[str]:
-    """stop_regex as a list of patterns that compile (the `regex` module's syntax, a superset of `re`'s),
-    are at most MAX_STOP_REGEX_CHARS long and cannot match an empty string (which would end every
-    request at its first token)."""
+def checked_pattern_shapes(value) -> list[str]:
+    """stop_regex as a list of at most MAX_STOP_REGEXES non-empty strings of at most MAX_STOP_REGEX_CHARS
+    each. Compiles nothing: cheap enough for the event loop (checked_patterns does the rest)."""
     patterns = [value] if isinstance(value, str) else value
     if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
         raise StopRegexError("stop_regex must be a non-empty string or a list of non-empty strings")
     if len(patterns) > MAX_STOP_REGEXES:
         raise StopRegexError(f"at most {MAX_STOP_REGEXES} stop_regex patterns")
-    budget = timeout_s()
     for p in patterns:
         if len(p) > MAX_STOP_REGEX_CHARS:
             raise StopRegexError(f"stop_regex is {len(p)} characters long, more than the limit of {MAX_STOP_REGEX_CHARS}")
+    return list(patterns)
+
+
+def checked_patterns(value) -> list[str]:
+    """stop_regex as a list of patterns that pass checked_pattern_shapes, unroll to at most
+    MAX_STOP_REGEX_EXPANDED elements (checked on the parsed pattern, before compiling), compile (the
+    `regex` module's syntax, a superset of `re`'s) and cannot match an empty string (which would end every
+    request at its first token). Parses and compiles: run it off the event loop."""
+    patterns = checked_pattern_shapes(value)
+    budget = timeout_s()
+    for p in patterns:
         size = expanded_size(p)
         if size > MAX_STOP_REGEX_EXPANDED:
-            raise StopRegexError(f"stop_regex {p!r} unrolls to about {size} elements with its counted repeats, more than "
-                                 f"the limit of {MAX_STOP_REGEX_EXPANDED}")
+            raise StopRegexError(f"stop_regex {p[:200]!r} unrolls to about {size} elements with its counted "
+                                 f"repeats, more than the limit of {MAX_STOP_REGEX_EXPANDED}")
         try:
             c = compiled(p)
         except regex.error as e:
@@ -79,66 +91,73 @@ def checked_patterns(value) -> list[str]:
                                  "string (SGLANG_STOP_REGEX_TIMEOUT_MS)") from None
         if empty:
             raise StopRegexError(f"stop_regex {p!r} matches the empty string")
-    return list(patterns)
-
-
-_REPEAT = regex.compile(r"\{(\d*)(?:,(\d*))?\}")
+    return patterns
 
 
 def expanded_size(pattern: str) -> int:
-    """An upper estimate of the elements a pattern compiles to when counted repeats ({n}, {m,n}, {m,})
-    are unrolled: a sequence adds up, a repeat multiplies what it follows, groups nest. Escapes and
-    character classes count as one element; unbalanced text is left for the compiler to refuse."""
-    stack = [[0, 0]]  # per open group: [size so far, size of the last element]
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        frame = stack[-1]
-        if c == "\\":
-            j = i + 2
-            if j < n + 1 and pattern[i + 1 : i + 2] in ("p", "P", "N", "x", "u", "U", "g") and pattern[j : j + 1] == "{":
-                j = pattern.find("}", j) + 1 or n
-            frame[0] += 1
-            frame[1] = 1
-            i = j
-            continue
-        if c == "[":
-            j = i + 1
-            if pattern[j : j + 1] == "^":
-                j += 1
-            if pattern[j : j + 1] == "]":
-                j += 1
-            depth = 1
-            while j < n and depth:
-                if pattern[j] == "\\":
-                    j += 1
-                elif pattern[j] == "[":
-                    depth += 1
-                elif pattern[j] == "]":
-                    depth -= 1
-                j += 1
-            frame[0] += 1
-            frame[1] = 1
-            i = j
-            continue
-        if c == "(":
-            stack.append([0, 0])
-        elif c == ")" and len(stack) > 1:
-            inner = stack.pop()[0]
-            stack[-1][0] += inner
-            stack[-1][1] = inner
-        elif c == "{" and (m := _REPEAT.match(pattern, i)) is not None and (m.group(1) or m.group(2)):
-            lo, hi = m.group(1), m.group(2)
-            count = max(int(lo or 0), int(hi) if hi else 0) + (1 if hi == "" else 0)
-            frame[0] += frame[1] * max(count - 1, 0)
-            frame[1] *= max(count, 1)
-            i = m.end()
-            continue
-        elif c not in "|*+?":
-            frame[0] += 1
-            frame[1] = 1
-        i += 1
-    return sum(f[0] for f in stack)
+    """An upper estimate of the elements a pattern compiles to when counted repeats ({n}, {m,n}, {m,}) are
+    unrolled, read from the tree the `regex` module parses it into (so every inline flag, scoped or not,
+    counts as the compiler will read it): a sequence or an alternation adds up, a repeat multiplies its body
+    by its largest count (`{m,}`, `*`, `+`: the smallest plus one), a literal string counts its characters,
+    anything else one. A group called elsewhere (`(?1)`, `(?R)`) may be compiled up to three more times
+    (reversed or fuzzy copies), which the estimate counts. A pattern that does not parse is a StopRegexError
+    naming the problem. Linear in the pattern's length: nothing is unrolled to count it."""
+    tree = _parsed(pattern)
+    calls: set = set()
+    size = _size(tree, calls)
+    return size * (1 + 3 * len(calls))
+
+
+def _parsed(pattern: str):
+    """The `regex` module's parse tree of `pattern`, as `regex.compile` builds it: a flag set outside any
+    group (`(?x)` anywhere) restarts the parse with it global. Its private parser is the only one that reads
+    the syntax exactly as the compiler will; a `regex` release without it refuses every stop_regex (checked
+    by test/unit/sampling/test_stop_regex.py) rather than estimate from the text, which `(?x)` defeats."""
+    try:
+        from regex import _regex_core as core
+
+        parse, source_cls, info_cls, unscoped = core._parse_pattern, core.Source, core.Info, core._UnscopedFlagSet
+        verbose, unicode = core.VERBOSE, core.UNICODE
+    except (ImportError, AttributeError):
+        raise StopRegexError("stop_regex cannot be size-checked with this server's version of the regex "
+                             "package, so it is refused") from None
+    flags = 0
+    try:
+        while True:
+            source = source_cls(pattern)
+            info = info_cls(flags, source.char_type, {})
+            info.guess_encoding = unicode
+            source.ignore_space = bool(info.flags & verbose)
+            try:
+                return parse(source, info)
+            except unscoped:
+                flags = info.global_flags
+    except RecursionError:
+        raise StopRegexError(f"stop_regex {pattern[:200]!r} nests too deeply") from None
+    except (regex.error, ValueError, OverflowError) as e:
+        raise StopRegexError(f"stop_regex {pattern[:200]!r} is not a valid regular expression: {e}") from None
+
+
+def _size(node, calls: set) -> int:
+    """Elements of `node` unrolled; the group calls found are added to `calls`."""
+    kinds = {c.__name__ for c in type(node).__mro__}
+    if "CallGroup" in kinds:
+        calls.add(node.group)
+        return 1
+    if "SetBase" in kinds:  # a character class is one element, however many members it lists
+        return 1
+    chars = getattr(node, "characters", None)
+    if isinstance(chars, (list, tuple)):  # String / Literal: one element per character
+        return max(len(chars), 1)
+    children = list(getattr(node, "items", None) or ()) + list(getattr(node, "branches", None) or ())
+    children += [getattr(node, a) for a in ("subpattern", "yes_item", "no_item") if getattr(node, a, None) is not None]
+    if not children:
+        return 1
+    inner = sum(_size(child, calls) for child in children)
+    if hasattr(node, "min_count") and hasattr(node, "max_count"):  # greedy, lazy and possessive repeats
+        count = node.max_count if node.max_count is not None else node.min_count + 1
+        return inner * max(count, 1)
+    return inner
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ def test_a_failing_processor_ends_only_its_requests():
     logits = torch.randn(3, 8)
     before = logits.clone()
     failed = apply_custom_logit_processors(logits, reqs)
-    assert [row for row, _ in failed] == [0, 2]
+    assert [(row, status) for row, _, status in failed] == [(0, 400), (2, 400)]
     assert "custom_logit_processor failed: RuntimeError: boom" in failed[0][1]
     assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
     assert logits[1].argmax().item() == 3
