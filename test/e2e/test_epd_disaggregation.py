@@ -69,6 +69,10 @@ def test_greedy_equals_one_server_and_transformers(epd, hf_ref, case):
         got = generate(epd[name], text, data)
         assert got["output_ids"] == ref, name
         assert got["meta_info"]["prompt_tokens"] == want["meta_info"]["prompt_tokens"]
+        info = requests.get(epd[name].url + "/get_server_info", timeout=10).json()
+        # what ran: every item's embeddings came from the encoders, none went through a tower here
+        assert info["mm_items_from_encoders"] >= len(data) and info["mm_items_through_tower"] == 0, name
+    assert requests.get(epd["normal"].url + "/get_server_info", timeout=10).json()["mm_items_through_tower"] >= len(data)
 
 
 def test_jpegs_travel_compressed_and_answer_the_same(epd, hf_ref):

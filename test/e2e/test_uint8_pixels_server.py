@@ -40,9 +40,12 @@ def _generate(server, body) -> dict:
 
 def test_image_outputs_equal_the_switch_off_server(servers):
     on, off = servers
+    before = [requests.get(s.url + "/get_server_info", timeout=10).json()["mm_uint8_items"] for s in (on, off)]
     for seed in range(3):
         body = two_image_body(100 + seed, 8)
         assert _generate(on, body)["output_ids"] == _generate(off, body)["output_ids"]
+    after = [requests.get(s.url + "/get_server_info", timeout=10).json()["mm_uint8_items"] for s in (on, off)]
+    assert after[0] - before[0] == 6 and after[1] == before[1] == 0  # what was sent, not the setting
 
 
 def test_video_outputs_equal_the_switch_off_server(servers):

@@ -137,6 +137,8 @@ class RequestBuilder:
         self.shm_prefix = segment_prefix(server_args.port) if use_shm_transport(server_args) and not epd else None
         self.unsent_shm: dict[str, tuple[list[str], float]] = {}  # rid -> (segment names, time built)
         self.shm_fallback_count = 0  # requests sent inline because /dev/shm was full
+        self.num_uint8_items = 0  # items built as uint8 pixels (SGLANG_MM_UINT8_PIXELS)
+        self._count_lock = threading.Lock()
         self.ipc = None if epd else make_sender(server_args)  # --mm-feature-transport cuda_ipc: the GPU feature pool
         self._unsent_lock = threading.Lock()
         # SGLANG_MM_PRECOMPUTE_HASH; --language-only hashes here always (the encoders' cache key; no pixels later)
@@ -243,6 +245,9 @@ class RequestBuilder:
                         extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)
                     ids, mm = self.processor.process(ids, images, executor=self.media_pool, **extra)
                 mm_inputs = mm if images or videos else None
+                if mm_inputs is not None:  # observable: the carrier each item actually left with
+                    with self._count_lock:  # worker threads
+                        self.num_uint8_items += sum(it.pixel_norm is not None for it in mm_inputs.mm_items)
                 if videos and self.stage_timer.enabled:
                     for item in mm.mm_items:
                         for stage in ("video_decode", "video_preprocess"):

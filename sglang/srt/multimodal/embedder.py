@@ -78,14 +78,18 @@ def _item_end(item) -> int:
     return max(e for _, e in item.offsets)
 
 
-def with_precomputed(encode_images: EncodeFn, device) -> EncodeFn:
+def with_precomputed(encode_images: EncodeFn, device, counts: Counter | None = None) -> EncodeFn:
     """Items that arrive with their embeddings (`precomputed_embeddings`: encoder disaggregation) skip the
-    vision tower; the others go through it in one call, as before."""
+    vision tower; the others go through it in one call, as before. `counts` (observable in /get_server_info)
+    gets "items_from_encoders" and "items_through_tower"."""
 
     def encode(items: list) -> list[torch.Tensor]:
-        if all(it.precomputed_embeddings is None for it in items):
-            return encode_images(items)
         todo = [it for it in items if it.precomputed_embeddings is None]
+        if counts is not None:
+            counts["items_through_tower"] += len(todo)
+            counts["items_from_encoders"] += len(items) - len(todo)
+        if len(todo) == len(items):
+            return encode_images(items)
         encoded = iter(encode_images(todo) if todo else [])
         return [torch.as_tensor(it.precomputed_embeddings).to(device) if it.precomputed_embeddings is not None
                 else next(encoded) for it in items]
@@ -102,6 +106,7 @@ class MultimodalEmbedder:
         # NOTE: entries live until `release(rid)`; the scheduler releases every finished request.
         self._pending: dict[str, dict[int, torch.Tensor]] = {}  # rid -> item index -> embedding
         self._encoded: Counter[str] = Counter()  # rid -> images it sent through the ViT
+        self.path_counts: Counter[str] = Counter()  # what ran: items through this tower / from encoders
 
     # ------------------------------------------------------------------ per request
     def encoded_images(self, rid: str) -> int:
@@ -119,13 +124,15 @@ class MultimodalEmbedder:
 
     def stats(self) -> dict:
         return {"mm_embedding_cache_bytes": self.cache.current_bytes, "mm_embedding_cache_hits": self.cache.hits,
-                "mm_embedding_cache_misses": self.cache.misses}
+                "mm_embedding_cache_misses": self.cache.misses,
+                "mm_items_through_tower": self.path_counts["items_through_tower"],
+                "mm_items_from_encoders": self.path_counts["items_from_encoders"]}
 
     # ------------------------------------------------------------------ embedding
     def embed(self, input_ids: torch.Tensor, forward_batch, embed_tokens: Callable[[torch.Tensor], torch.Tensor],
               encode_images: EncodeFn, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns (input embeddings (T, hidden), deepstack embeddings (T, hidden * k) or None)."""
-        encode_images = with_precomputed(encode_images, input_ids.device)
+        encode_images = with_precomputed(encode_images, input_ids.device, self.path_counts)
         if forward_batch.stage_timings is None:
             return self._embed(input_ids, forward_batch, embed_tokens, encode_images, hidden_size)
         touched = [i for i, _, _ in batch_image_spans(forward_batch)] if forward_batch.forward_mode.is_extend() else []
