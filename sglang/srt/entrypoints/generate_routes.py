@@ -12,18 +12,12 @@ from sglang.srt.entrypoints.native_generate import native_request_groups, stream
 from sglang.srt.entrypoints.openai.serving_base import (
     CLIENT_CLOSED_REQUEST,
     error_response,
+    held_streams,
     json_response,
     parse_json_body,
     sse_stream,
 )
-from sglang.srt.entrypoints.openai.streams import (
-    ClientGone,
-    collect_until_disconnect,
-    gather_finals,
-    hold_for_first_output,
-    indexed_chunks,
-    merge_streams,
-)
+from sglang.srt.entrypoints.openai.streams import collect_until_disconnect, gather_finals, indexed_chunks, merge_streams
 from sglang.srt.entrypoints.openai.serving_tokenize import detokenize, tokenize
 from sglang.srt.entrypoints.parse_routes import parse_function_call, separate_reasoning
 from sglang.srt.errors import GenerateError
@@ -54,12 +48,9 @@ def add_generate_routes(router: FastAPI, tm: TokenizerManager, server_args: Serv
             return error_response(e)
         streams = [tm.generate_tokenized(tok, payload) for tok, payload in prepared]
         if groups[0][0].stream:
-            try:
-                streams = await hold_for_first_output(request, streams)  # a failure before running: its status
-            except GenerateError as e:
-                return error_response(e)
-            except ClientGone:
-                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            streams = await held_streams(request, streams)  # a failure before running: its status
+            if isinstance(streams, Response):
+                return streams
             events = streams[0] if len(streams) == 1 else indexed_chunks(merge_streams(streams))
             if server_args.stream_output:
                 events = stream_deltas(events)

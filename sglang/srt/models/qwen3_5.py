@@ -30,6 +30,7 @@ from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.attention.fla.gated_delta_net import GatedDeltaNet
 from sglang.srt.layers.attention.fla.state import GDNRequestState, GDNStateShape
+from sglang.srt.layers.layernorm import ZeroCentredRMSNorm
 from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import MRotaryEmbedding, apply_rotary
@@ -41,26 +42,6 @@ from sglang.srt.models.vlm_base import QwenVLForConditionalGenerationBase
 logger = logging.getLogger(__name__)
 
 MTP_PREFIX = "mtp."
-
-
-class ZeroCentredRMSNorm(nn.Module):
-    """RMSNorm scaling by (1 + weight), all in float32, rounded once at the end (the reference's order;
-    our plain RMSNorm rounds before its weight). A zero weight is the identity scale."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=dtype), requires_grad=False)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """With `residual`: (norm(x + residual), x + residual), the fused add-norm."""
-        if residual is not None:
-            x = x + residual
-            residual = x
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = (h * (1.0 + self.weight.float())).to(x.dtype)
-        return out if residual is None else (out, residual)
 
 
 class Qwen3_5Attention(nn.Module):

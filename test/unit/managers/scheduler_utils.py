@@ -62,3 +62,25 @@ class InProcessScheduler:
         assert info["available_kv_tokens"] == info["max_total_num_tokens"], info
         assert self.sched.tree.protected_size() == 0
         assert info["free_req_slots"] == self.sched.kv.req_to_token_pool.size, info
+
+
+# ----------------------------------------------------------------------------- weight-update helpers
+def update_phase(s: InProcessScheduler, phase: str, path: str = "", flush_cache: bool = True):
+    """One phase ("load", "commit", "rollback") of a weight update through the scheduler; its one reply."""
+    from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput
+
+    s.sched.process_input_requests([UpdateWeightFromDiskReqInput(path, None, phase, flush_cache=flush_cache)])
+    replies = [m for m in s.sent if isinstance(m, UpdateWeightFromDiskReqOutput)]
+    s.sent.clear()
+    assert len(replies) == 1
+    return replies[0]
+
+
+def model_weights(s: InProcessScheduler) -> dict:
+    return {n: p.detach().clone() for n, p in s.sched.worker.model_runner.model.named_parameters()}
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

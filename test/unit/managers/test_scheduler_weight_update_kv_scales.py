@@ -13,8 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from scheduler_utils import InProcessScheduler
-from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput
+from scheduler_utils import InProcessScheduler, model_weights as _weights, same_weights as _same, update_phase as _phase
 from sglang.testing.make_model import make_model
 
 PROMPT = list(range(30, 70))
@@ -49,23 +48,6 @@ def _greedy(s: InProcessScheduler) -> list[int]:
     rid = s.submit(PROMPT, max_new_tokens=8, ignore_eos=True)
     s.run_until_idle()
     return s.outputs[rid]
-
-
-def _phase(s: InProcessScheduler, phase: str, path: str = "", flush_cache: bool = True,
-           ) -> UpdateWeightFromDiskReqOutput:
-    s.sched.process_input_requests([UpdateWeightFromDiskReqInput(path, None, phase, flush_cache=flush_cache)])
-    replies = [m for m in s.sent if isinstance(m, UpdateWeightFromDiskReqOutput)]
-    s.sent.clear()
-    assert len(replies) == 1
-    return replies[0]
-
-
-def _weights(s: InProcessScheduler) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in s.sched.worker.model_runner.model.named_parameters()}
-
-
-def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _scales(s: InProcessScheduler) -> list[tuple[float, float]]:

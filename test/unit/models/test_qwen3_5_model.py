@@ -71,7 +71,8 @@ def test_mrope_section_must_cover_the_rotary_dims(tiny_model_dir):
 def test_zero_centred_norms_are_where_transformers_puts_them(tiny_model_dir):
     """Decoder, final and q/k norms scale by 1 + w; the DeltaNet's gated norm by w."""
     from sglang.srt.layers.attention.fla.norm import GatedRMSNorm
-    from sglang.srt.models.qwen3_5 import Qwen3_5ForConditionalGeneration, ZeroCentredRMSNorm
+    from sglang.srt.layers.layernorm import ZeroCentredRMSNorm
+    from sglang.srt.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 
     raw = _raw(tiny_model_dir)
     with torch.device("meta"):
@@ -87,7 +88,7 @@ def test_zero_centred_norms_are_where_transformers_puts_them(tiny_model_dir):
 
 def test_zero_centred_norm_matches_transformers_and_differs_from_plain():
     from sglang.srt.layers.layernorm import RMSNorm
-    from sglang.srt.models.qwen3_5 import ZeroCentredRMSNorm
+    from sglang.srt.layers.layernorm import ZeroCentredRMSNorm
 
     torch.manual_seed(0)
     ref = hf.Qwen3_5RMSNorm(16, eps=1e-6)

@@ -113,6 +113,17 @@ async def sse_stream(events: AsyncIterator[Any], outputs: AsyncIterator[Any] | N
     yield SSE_DONE
 
 
+async def held_streams(request: Request, streams: list) -> list | Response:
+    """`hold_for_first_output`'s streams, or the response a stream gets instead: a failure before the
+    request ran (grammar, full queue) as its status, 499 when the client left while held."""
+    try:
+        return await hold_for_first_output(request, streams)
+    except GenerateError as e:
+        return error_response(e)
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
 # ----------------------------------------------------------------------------- OpenAI endpoints
 @dataclass
 class ResponseContext:
@@ -163,12 +174,9 @@ class OpenAIServingBase:
         ctx = ResponseContext(f"{self.id_prefix}-{prepared[0][0].rid}", req.model or self.model_name, int(created),
                               self._text_lane(), [t for t, _ in prepared])
         if req.stream:
-            try:
-                streams = await hold_for_first_output(request, streams)  # a failure before running: its status
-            except GenerateError as e:
-                return error_response(e)
-            except ClientGone:
-                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            streams = await held_streams(request, streams)
+            if isinstance(streams, Response):
+                return streams
             tagged = merge_streams(streams)
             events = self._stream_events(req, ctx, tagged)
             return StreamingResponse(sse_stream(events, tagged), media_type="text/event-stream")
