@@ -47,22 +47,21 @@ def compile_checked(backend, key: tuple[str, str]):
     structural tag's JSON schemas are checked one by one too (the tag's own start admits its begin text
     even when a schema inside it admits nothing). Runs in the compile thread, within the time limit."""
     kind, text = key
+    nodes = _json_nodes(_loads_or_none(text)) if kind == "structural_tag" else []  # parsed once
     # checked before the library sees it, so the message is ours whatever the library's version says
     # (xgrammar 0.2.8 compiled {"$ref": "#"} to an empty language, 0.2.9 refuses it in its own words)
     if kind == "json_schema" and ref_only_cycle(_loads_or_none(text)):
         raise GrammarCompileError(f"invalid {kind}: it {EMPTY_LANGUAGE}")
-    if kind == "structural_tag":
-        for where, schema in _json_nodes(_loads_or_none(text)):
-            if ref_only_cycle(schema):
-                raise GrammarCompileError(f"invalid {kind}: the JSON schema at {where} {EMPTY_LANGUAGE}")
+    for where, schema in nodes:
+        if ref_only_cycle(schema):
+            raise GrammarCompileError(f"invalid {kind}: the JSON schema at {where} {EMPTY_LANGUAGE}")
     compiled = backend.compile(key)  # raises GrammarCompileError naming the problem
     if not hasattr(backend, "admits_no_output"):
         return compiled
     if backend.admits_no_output(compiled):
         raise GrammarCompileError(f"invalid {kind}: it {EMPTY_LANGUAGE}")
-    if kind == "structural_tag":
-        for where, schema in _json_nodes(json.loads(text)):
-            if backend.admits_no_output(backend.compile(("json_schema", json.dumps(schema)))):
+    for where, schema in nodes:
+        if backend.admits_no_output(backend.compile(("json_schema", json.dumps(schema)))):
                 raise GrammarCompileError(f"invalid {kind}: the JSON schema at {where} {EMPTY_LANGUAGE}")
     return compiled
 

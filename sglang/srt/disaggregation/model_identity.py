@@ -15,14 +15,9 @@ import struct
 from functools import lru_cache
 from pathlib import Path
 
+from sglang.srt.model_loader.weight_utils import safetensors_files
+
 VISION_PREFIXES = ("visual.", "model.visual.")
-
-
-def _safetensors_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        return [model_dir / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    return sorted(model_dir.glob("*.safetensors"))
 
 
 def _vision_weights_digest(model_dir: Path) -> str:
@@ -31,7 +26,7 @@ def _vision_weights_digest(model_dir: Path) -> str:
     import xxhash
 
     entries = []
-    for path in _safetensors_files(model_dir):
+    for path in safetensors_files(model_dir):
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))

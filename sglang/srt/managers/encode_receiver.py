@@ -359,10 +359,16 @@ class EmbeddingRendezvous:
             if rid not in self.held and rid != msg.rid:
                 self._drop(rid)
 
-    def _drop(self, rid: str) -> None:
+    def _take(self, rid: str) -> dict[int, object] | None:
+        """The embeddings that arrived for `rid` (removed, their bytes uncounted), or None."""
         entry = self.arrived.pop(rid, None)
-        if entry is not None:
-            self.arrived_bytes -= sum(_nbytes(e) for e in entry[1].values())
+        if entry is None:
+            return None
+        self.arrived_bytes -= sum(_nbytes(e) for e in entry[1].values())
+        return entry[1]
+
+    def _drop(self, rid: str) -> None:
+        if self._take(rid) is not None:
             self.dropped += 1
 
     def admit(self, msgs: list, queued: int = 0, limit: int | None = None) -> list:
@@ -411,9 +417,7 @@ class EmbeddingRendezvous:
             else:
                 continue
             del self.held[rid]
-            entry = self.arrived.pop(rid, None)
-            if entry is not None:
-                self.arrived_bytes -= sum(_nbytes(e) for e in entry[1].values())
+            self._take(rid)  # consumed (attached above) or unusable: either way no longer held here
             req.epd_wait_ms = (now - since) * 1e3
             req.epd_pending_items = ()
             ready.append(req)

@@ -134,8 +134,11 @@ class SchedulerIOMixin:
             except ValueError as e:
                 self.epd_rendezvous.dropped += 1
                 logger.warning("dropped an embedding message: %s", e)
-        queued = len(self.waiting) + (len(self.grammar_queue.pending) if self.grammar_queue else 0)
-        return self.epd_rendezvous.admit(msgs, queued, self.server_args.max_queued_requests)
+        return self.epd_rendezvous.admit(msgs, self._num_queued(), self.server_args.max_queued_requests)
+
+    def _num_queued(self) -> int:
+        """Requests waiting to run, grammars still compiling included: what --max-queued-requests bounds."""
+        return len(self.waiting) + (len(self.grammar_queue.pending) if self.grammar_queue else 0)
 
     def _unwrap_shm_features(self, msgs: list) -> None:
         """Pixel data sent through shared memory is mapped only now, after the broadcast carried its
@@ -233,8 +236,7 @@ class SchedulerIOMixin:
         """--max-queued-requests: False (the request answered 503) when the queue is full, unless priority
         scheduling lets it displace the queued request of lowest priority (that one gets the 503)."""
         limit = self.server_args.max_queued_requests
-        queued = len(self.waiting) + (len(self.grammar_queue.pending) if self.grammar_queue else 0)
-        if limit is None or queued < limit:
+        if limit is None or self._num_queued() < limit:
             return True
         if self.server_args.enable_priority_scheduling and self.waiting:
             sign = 1 if self.server_args.schedule_low_priority_values_first else -1

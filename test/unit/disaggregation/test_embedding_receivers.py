@@ -38,6 +38,7 @@ def _emb(rid: str) -> EncodedEmbeddings:
 class _Rank0:
     """Scheduler rank 0's embedding intake, without the rest of the scheduler."""
     _admit_epd = SchedulerIOMixin._admit_epd
+    _num_queued = SchedulerIOMixin._num_queued
 
     def __init__(self, sock, key):
         from types import SimpleNamespace

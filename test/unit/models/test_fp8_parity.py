@@ -73,19 +73,23 @@ def test_fp8_logits_track_the_float_model(preset, mode, tmp_path, monkeypatch):
         assert rel_err(exact, ref) < 1e-4
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_an_fp8_kv_cache_tracks_the_float_cache(kv_cache_dtype, tiny_model_dir):
-    """Prompt logits through a chunked prefill (later chunks read earlier chunks' K/V back from the FP8
-    pool) against transformers on the same float weights."""
-    path = str(tiny_model_dir("qwen3-vl-tiny"))
-    _, sb = make_runner(path, kv_cache_dtype=kv_cache_dtype)
-    assert sb.runner.token_to_kv_pool.k_buffer[0].dtype == (
-        torch.float8_e4m3fn if kv_cache_dtype == "fp8_e4m3" else torch.float8_e5m2)
+def _kv_cache_figures(sb, path: str) -> tuple[float, float]:
+    """(Pearson r, mean |dlogprob|) of the prompt logits through a chunked prefill (later chunks read earlier
+    chunks' K/V back from the pool) against transformers on the same float weights."""
     proc = small_processor(path, **PROC["qwen3-vl-tiny"])
     ids, mm = _prompt(proc)
     ours = torch.cat(our_logits(sb, [(ids, mm)], chunk_size=8))
     hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval().to(TEST_DEVICE)
-    r, mad = _figures(ours, hf_logits(hf, ids, mm.mm_items), ids)
+    return _figures(ours, hf_logits(hf, ids, mm.mm_items), ids)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_kv_cache_tracks_the_float_cache(kv_cache_dtype, tiny_model_dir):
+    path = str(tiny_model_dir("qwen3-vl-tiny"))
+    _, sb = make_runner(path, kv_cache_dtype=kv_cache_dtype)
+    assert sb.runner.token_to_kv_pool.k_buffer[0].dtype == (
+        torch.float8_e4m3fn if kv_cache_dtype == "fp8_e4m3" else torch.float8_e5m2)
+    r, mad = _kv_cache_figures(sb, path)
     print(f"qwen3-vl-tiny kv {kv_cache_dtype}: Pearson r {r:.5f}, mean |dlogprob| {mad:.4f}")
     assert r >= MIN_PEARSON_TINY, (r, mad)
 
@@ -100,10 +104,6 @@ def test_non_unit_kv_scales_fold_back_into_attention(scales, tiny_model_dir):
     _, sb = make_runner(path, kv_cache_dtype="fp8_e4m3")
     pool = sb.runner.token_to_kv_pool
     pool.scales = [tuple(scales)] * len(pool.scales)
-    proc = small_processor(path, **PROC["qwen3-vl-tiny"])
-    ids, mm = _prompt(proc)
-    ours = torch.cat(our_logits(sb, [(ids, mm)], chunk_size=8))
-    hf = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval().to(TEST_DEVICE)
-    r, mad = _figures(ours, hf_logits(hf, ids, mm.mm_items), ids)
+    r, mad = _kv_cache_figures(sb, path)
     print(f"qwen3-vl-tiny kv fp8_e4m3 scales {scales}: Pearson r {r:.5f}, mean |dlogprob| {mad:.4f}")
     assert r >= MIN_PEARSON_TINY, (r, mad)
