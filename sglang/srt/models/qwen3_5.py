@@ -29,7 +29,7 @@ from sglang.srt.configs.qwen3_5_config import LINEAR_ATTENTION
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.attention.fla.gated_delta_net import GatedDeltaNet
-from sglang.srt.layers.attention.fla.state import GDNRequestState, GDNStateShape
+from sglang.srt.mem_cache.gdn_state import GDNRequestState, GDNStateShape
 from sglang.srt.layers.layernorm import ZeroCentredRMSNorm
 from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.radix_attention import RadixAttention

@@ -30,7 +30,7 @@ from sglang.srt.layers.attention.fla.ops import (
     chunk_gated_delta_rule,
     recurrent_gated_delta_rule,
 )
-from sglang.srt.layers.attention.fla.state import GDNLayerState, GDNStateShape
+from sglang.srt.mem_cache.gdn_state import GDNLayerState, GDNStateShape
 from sglang.srt.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.checkpoint_tensor import materialize
 

@@ -103,7 +103,7 @@ def test_state_is_updated_in_place_in_pool_views(pair):
     shape = ours.state_shape(1, torch.float32)
     pool_conv = torch.zeros(3, 1, shape.conv_dim, shape.conv_kernel - 1)
     pool_rec = torch.zeros(3, 1, shape.num_value_heads, shape.key_head_dim, shape.value_head_dim)
-    from sglang.srt.layers.attention.fla.state import GDNRequestState
+    from sglang.srt.mem_cache.gdn_state import GDNRequestState
 
     slot = GDNRequestState(pool_conv[1], pool_rec[1])
     assert shape.bytes_per_request() == (pool_conv[1].numel() + pool_rec[1].numel()) * 4
