@@ -98,8 +98,9 @@ def build_preprocessor_config(preset: str | ModelPreset) -> dict:
 
 
 # Bump whenever the bytes of a generated model change (values, layout, file set): folders made by
-# another version are regenerated instead of reused.  3: blocked, parallel SFC64 generation.
-GENERATOR_VERSION = 3
+# another version are regenerated instead of reused.  3: blocked, parallel SFC64 generation; 4: Qwen3.5
+# dt_bias drawn around -4 (long-lived DeltaNet states).
+GENERATOR_VERSION = 4
 DEFAULT_MAX_SHARD_BYTES = 2_000_000_000  # ~2 GB per shard
 STAMP_FILE = "sglang_make_model.json"
 SAFE_INDEX = "model.safetensors.index.json"

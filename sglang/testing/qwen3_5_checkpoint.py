@@ -5,7 +5,8 @@ the releases, plus their `mtp.*` multi-token-prediction block). make_model dispa
 
 Init kinds: the zero-centred RMSNorms (decoder, final, q/k and MTP norms: transformers scales by
 ``1 + weight``) are drawn as BIAS, small values around 0; the DeltaNet's gated norm scales by ``weight``
-and is drawn as NORM (around 1); ``dt_bias`` as NORM; ``A_log`` as WEIGHT (the decay rate is
+and is drawn as NORM (around 1); ``dt_bias`` as DECAY_BIAS (around -4: long-lived states); ``A_log``
+as WEIGHT (the decay rate is
 ``exp(A_log)``, any real value is valid).
 """
 
@@ -22,7 +23,7 @@ from sglang.testing.presets import (
     get_preset,
     resolve_dtype,
 )
-from sglang.testing.weight_gen import BIAS, EMBED, NORM, VOCAB, WEIGHT, TensorSpec
+from sglang.testing.weight_gen import BIAS, DECAY_BIAS, EMBED, NORM, VOCAB, WEIGHT, TensorSpec
 
 ZERO_CENTRED_NORM = BIAS  # see the module docstring
 
@@ -79,7 +80,7 @@ def _linear_attention_specs(p: ModelPreset, b: str) -> list[TensorSpec]:
             + _linear(f"{a}.in_proj_b", la.num_value_heads, t.hidden_size)
             + _linear(f"{a}.in_proj_a", la.num_value_heads, t.hidden_size)
             + [TensorSpec(f"{a}.conv1d.weight", (conv_dim, 1, la.conv_kernel), WEIGHT),
-               TensorSpec(f"{a}.dt_bias", (la.num_value_heads,), NORM),
+               TensorSpec(f"{a}.dt_bias", (la.num_value_heads,), DECAY_BIAS),
                TensorSpec(f"{a}.A_log", (la.num_value_heads,), WEIGHT),
                TensorSpec(f"{a}.norm.weight", (la.value_head_dim,), NORM)]
             + _linear(f"{a}.out_proj", t.hidden_size, value_dim))

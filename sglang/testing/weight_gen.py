@@ -36,6 +36,12 @@ SUB_ELEMS = 1 << 16  # values drawn + encoded at a time inside a block (cache-si
 # Tensor kinds (select the init distribution).
 WEIGHT, EMBED, BIAS, NORM = "weight", "embed", "bias", "norm"
 VOCAB = "vocab"  # token embedding / lm_head: rows indexed by token id
+# Gated DeltaNet `dt_bias`: softplus(dt_bias + a) is the step of the decay, so values around -4 give
+# decays of 0.5-5% per token: states that carry information over tens to hundreds of tokens, as the
+# releases' do (a bias around 1 would forget everything within a few tokens, and a test could not
+# tell a carried state from a zero one).
+DECAY_BIAS = "decay_bias"
+DECAY_BIAS_MEAN, DECAY_BIAS_STD = -4.0, 1.0
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 _OUT_DTYPE = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16}  # bf16 as bit patterns
@@ -104,6 +110,8 @@ def _scale(spec: TensorSpec, preset: ModelPreset) -> tuple[float, float]:
         return 0.0, init.bias_std
     if spec.kind == NORM:
         return 1.0, init.norm_noise_std
+    if spec.kind == DECAY_BIAS:
+        return DECAY_BIAS_MEAN, DECAY_BIAS_STD
     raise ValueError(spec.kind)
 
 
