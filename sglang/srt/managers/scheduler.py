@@ -66,7 +66,12 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
         )
         # the chunk every rank agreed fits its activations next to the KV cache
         self.chunked_prefill_size = self._fit_prefill_chunk(runner, server_args)
-        self.tree = RadixCache(runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache)
+        disable_tree = server_args.disable_radix_cache
+        if runner.state_pool is not None and not disable_tree:
+            # a cached prefix is only resumable with the recurrent state at its end, which the tree does not keep
+            logger.info("prefix cache off: this hybrid model's recurrent state is not snapshotted in the radix tree")
+            disable_tree = True
+        self.tree = RadixCache(runner.allocator, server_args.page_size, disable=disable_tree)
         self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree)
         self.eos_ids = set(self.model_config.eos_token_ids)
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args), tp.rank,

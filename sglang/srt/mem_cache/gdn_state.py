@@ -3,8 +3,8 @@
 A request holds, for each linear-attention layer, the conv history (the last K-1 conv inputs) and the
 delta-rule state. Both are zero for a new request; a prefill chunk or decode step reads them and writes
 the new values back in place (`copy_`), never rebinding the tensors, so the tensors may be views into
-a pool's storage: a later state pool allocates one slot per request and hands out `GDNRequestState`s
-whose tensors view that slot. Nothing here keys states by request: the caller passes one per request.
+a pool's storage: the state pool (state_pool.py) holds one slot per request-table row and hands out
+`GDNRequestState`s whose tensors view that slot. Nothing here keys states by request: the caller passes one per request.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.layers.quantization.kv_cache import checkpoint_kv_scales, is_scale_tensor, param_file_kv_scales
 from sglang.srt.mem_cache.kv_cache_dtype import resolve_kv_cache_dtype
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.state_pool import GDNStatePool
 from sglang.srt.model_executor.memory_budget import kv_budget_tokens
 from sglang.srt.server_args import derive_max_running_requests
 from sglang.srt.multimodal.embedder import MultimodalEmbedConfig, MultimodalEmbedder
@@ -25,6 +26,7 @@ from sglang.srt.model_loader.loader import get_model
 from sglang.srt.model_loader.weight_utils import iterate_weights
 
 logger = logging.getLogger(__name__)
+STATE_POOL = "the recurrent-state pool"
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,15 @@ class ModelRunner:
         self.context_length = cfg.context_length or text.max_position_embeddings
         num_kv_heads = kv_heads_per_rank(text.num_key_value_heads, tp.size)
         self.kv_dtype = resolve_kv_cache_dtype(cfg.kv_cache_dtype, self.dtype)
-        bytes_per_token = 2 * text.num_hidden_layers * num_kv_heads * text.head_dim * self.kv_dtype.itemsize
+        # a hybrid model's linear-attention layers keep a per-request state instead of KV
+        self.kv_layers = kv_layer_ids(text)
+        self.state_shape = self.model.gdn_state_shape() if hasattr(self.model, "gdn_state_shape") else None
+        bytes_per_token = 2 * len(self.kv_layers) * num_kv_heads * text.head_dim * self.kv_dtype.itemsize
         self.max_total_num_tokens = self._kv_budget(bytes_per_token)
         kv_scales = self._kv_scales(tp, text.num_hidden_layers) if self.kv_dtype != self.dtype else None
+        if kv_scales is not None and len(self.kv_layers) != text.num_hidden_layers:
+            # scales are named by decoder layer; the pool's layer axis counts only the KV layers
+            kv_scales = {j: kv_scales[i] for j, i in enumerate(self.kv_layers) if i in kv_scales}
         if self.kv_dtype != self.dtype:
             logger.info("KV cache in %s (%d bytes per token on this rank, %.1fx the tokens of %s): %d tokens%s",
                         str(self.kv_dtype).removeprefix("torch."), bytes_per_token,
@@ -84,9 +92,17 @@ class ModelRunner:
             rows = derive_max_running_requests(self.max_total_num_tokens, self.context_length) + 1
         self.req_to_token_pool = ReqToTokenPool(rows, self.context_length, self.device)
         self.token_to_kv_pool = MHATokenToKVPool(
-            self.max_total_num_tokens + cfg.page_size - 1, num_kv_heads, text.head_dim, text.num_hidden_layers,
+            self.max_total_num_tokens + cfg.page_size - 1, num_kv_heads, text.head_dim, len(self.kv_layers),
             self.kv_dtype, self.device, kv_scales,
         )
+        self.state_pool = None
+        if self.state_shape is not None:
+            self.state_pool = GDNStatePool(self.state_shape, rows, self.device)
+            logger.info("hybrid model: KV cache for %d of %d layers, %d bytes per token, %d tokens (%.1f MiB); "
+                        "recurrent state for %d layers, %d bytes per request, %d rows (%.1f MiB)",
+                        len(self.kv_layers), text.num_hidden_layers, bytes_per_token, self.max_total_num_tokens,
+                        self.max_total_num_tokens * bytes_per_token / 2**20, self.state_shape.num_layers,
+                        self.state_shape.bytes_per_request(), rows, self.state_pool.total_bytes() / 2**20)
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, "cpu", cfg.page_size)  # host bookkeeping: slots reach the device with the step metadata
         lm_auto, mm_auto = default_attention_backends(self.device.type)
         self.attention_backend = lm_auto if cfg.attention_backend == "auto" else cfg.attention_backend
@@ -101,6 +117,9 @@ class ModelRunner:
     def _init_cuda_graphs(self):
         cfg = self.cfg
         if not cfg.cuda_graph or self.device.type != "cuda":
+            return None
+        if self.state_pool is not None:
+            logger.info("decode CUDA graphs do not cover recurrent-state layers yet; running decode eagerly")
             return None
         if not getattr(self.attn_backend, "supports_cuda_graph", False):
             logger.info("decode CUDA graphs need --attention-backend triton; running decode eagerly")
@@ -158,6 +177,10 @@ class ModelRunner:
             return 65536
         free, total = torch.cuda.mem_get_info(self.device)
         reserved = dict(self.cfg.reserved_device_bytes)
+        if self.state_shape is not None:  # the state pool's rows come out of the same budget, first
+            rows = self.cfg.max_running_requests or derive_max_running_requests(
+                int(total * self.cfg.mem_fraction_static) // bytes_per_token, self.context_length) + 1
+            reserved[STATE_POOL] = rows * self.state_shape.bytes_per_request()
         tokens, budget = kv_budget_tokens(total, free, self.cfg.mem_fraction_static, sum(reserved.values()),
                                           bytes_per_token)
         if reserved:
@@ -167,7 +190,7 @@ class ModelRunner:
             raise RuntimeError(
                 f"--mem-fraction-static {self.cfg.mem_fraction_static} leaves {budget / 2**30:.2f} GiB for the KV "
                 "cache after loading weights" + (f" and reserving {sum(reserved.values()) / 2**30:.2f} GiB for "
-                "the cuda_ipc feature pool (SGLANG_MM_FEATURE_CACHE_MB) and its contexts" if reserved else "")
+                + " and ".join(_reserved_names(reserved)) if reserved else "")
                 + ": raise it or use a smaller model"
             )
         return tokens
@@ -179,7 +202,25 @@ class ModelRunner:
         forward_batch.attn_backend = self.attn_backend
         forward_batch.mm_embedder = self.mm_embedder
         self.req_to_token_pool.apply_pending()
+        if self.state_pool is not None:
+            forward_batch.gdn_states = self.state_pool.states_for(
+                forward_batch.req_pool_indices_cpu,
+                forward_batch.extend_prefix_lens_cpu if forward_batch.forward_mode.is_extend() else None)
         if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
             return self.cuda_graph_runner.replay(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+
+def kv_layer_ids(text) -> tuple[int, ...]:
+    """Decoder layers that write KV, in KV-pool layer order: all of them, or a hybrid model's
+    full-attention layers (whose attention then takes its index in this tuple as its KV layer id)."""
+    hybrid = getattr(text, "hybrid", None)
+    return hybrid.full_attention_layers if hybrid is not None else tuple(range(text.num_hidden_layers))
+
+
+def _reserved_names(reserved: dict[str, int]) -> list[str]:
+    names = [STATE_POOL] if STATE_POOL in reserved else []
+    if any(k != STATE_POOL for k in reserved):
+        names.append("the cuda_ipc feature pool (SGLANG_MM_FEATURE_CACHE_MB) and its contexts")
+    return names

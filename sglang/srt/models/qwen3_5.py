@@ -10,8 +10,10 @@ DeltaNet's gated output norm scales by `weight`.
 State per request. Full-attention layers use the batch's attention backend (`forward_batch.attn_backend`,
 a KV cache). Linear-attention layers need each request's recurrent state: the forward reads
 `forward_batch.gdn_states`, one `GDNRequestState` per request in batch order (allocated from
-`model.gdn_state_shape()`, zero for a new request), and updates them in place. Nothing in the scheduler
-provides them yet; a test driver does (test/unit/models/qwen3_5_driver.py).
+`model.gdn_state_shape()`, zero for a new request), and updates them in place. The model runner provides
+them from its state pool (mem_cache/state_pool.py), one row per request-table row; a test driver does
+the same standalone (test/unit/models/qwen3_5_driver.py). The KV pool holds only the full-attention
+layers: each takes its rank among them as its KV layer id.
 
 Checkpoints carry a multi-token-prediction head (`mtp.*`); it is skipped at load (speculative decoding
 is not supported), with one log line.
@@ -62,7 +64,9 @@ class Qwen3_5Attention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_norm = ZeroCentredRMSNorm(hd, config.rms_norm_eps, dtype)
         self.k_norm = ZeroCentredRMSNorm(hd, config.rms_norm_eps, dtype)
-        self.attn = RadixAttention(self.num_heads, hd, hd**-0.5, self.num_kv_heads, layer_id)
+        # the KV pool holds only the full-attention layers: this layer's KV id is its rank among them
+        kv_layer_id = config.hybrid.full_attention_layers.index(layer_id)
+        self.attn = RadixAttention(self.num_heads, hd, hd**-0.5, self.num_kv_heads, kv_layer_id)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotary on the leading rotary_dim dims of each head; the rest pass through."""

@@ -1,0 +1,173 @@
+"""Qwen3.5 (hybrid Gated DeltaNet) through the scheduler: greedy tokens equal to transformers' (float32,
+the same random weights) under continuous batching, chunked prefill cutting an image and the DeltaNet's
+own 64-token chunks, pages, a one-row request table (rows, and so state rows, reused), retraction,
+priority preemption, aborts and the overlap scheduler; nothing leaks (request rows carry the states)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from scheduler_utils import InProcessScheduler
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+transformers = pytest.importorskip("transformers")
+
+IMAGE_PAD, VISION_START, VISION_END, VIDEO_PAD = 248056, 248053, 248054, 248057
+PLACEHOLDER = [VISION_START, IMAGE_PAD, VISION_END]
+NEW = 5
+_rids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir):
+    path = str(tiny_model_dir("qwen3.5-tiny"))
+    transformers.logging.set_verbosity_error()
+    ref = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    ip = QwenVLImageProcessor(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3, min_pixels=4 * 32 * 32,
+                              max_pixels=48 * 32 * 32)
+    proc = QwenVLProcessor(None, ip, model_type="qwen3_vl", image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD,
+                           vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+    return path, ref, proc
+
+
+def _text(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 3000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _image(seed: int, w: int = 96, h: int = 64) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+
+
+def _prompts(proc):
+    return [
+        (_text(90, 0), None),  # crosses the DeltaNet's 64-token chunk
+        proc.process(_text(5, 1) + PLACEHOLDER + _text(7, 2), [_image(1)]),
+        proc.process(PLACEHOLDER + _text(3, 3) + PLACEHOLDER + _text(6, 4), [_image(2, 64, 64), _image(3, 40, 130)]),
+        (_text(12, 5), None),
+    ]
+
+
+def _greedy_reference(ref, ids: list[int], mm, n: int) -> list[int]:
+    """transformers, one full forward per token (no cache: nothing of its own state handling involved)."""
+    kw = {}
+    if mm is not None:
+        kw["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items])
+        kw["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items])
+    seq, out = list(ids), []
+    for _ in range(n):
+        t = torch.tensor([seq])
+        with torch.no_grad():
+            logits = ref(input_ids=t, mm_token_type_ids=(t == IMAGE_PAD).long(), **kw).logits[0, -1]
+        out.append(int(logits.argmax()))
+        seq.append(out[-1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    _, ref, proc = setup
+    return [_greedy_reference(ref, ids, mm, NEW) for ids, mm in _prompts(proc)]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(), dict(chunked_prefill_size=7), dict(chunked_prefill_size=70), dict(page_size=4, chunked_prefill_size=16),
+     dict(max_running_requests=1), dict(max_running_requests=2)],
+    ids=["default", "chunk7", "chunk70", "page4", "one_row", "max_running2"],
+)
+def test_greedy_tokens_equal_transformers(setup, reference, kw):
+    path, _, proc = setup
+    s = InProcessScheduler(path, **kw)
+    rids = [s.submit(ids, mm, max_new_tokens=NEW, ignore_eos=True) for ids, mm in _prompts(proc)]
+    s.run_until_idle()
+    assert [s.outputs[r] for r in rids] == reference
+    s.assert_no_leak()
+
+
+def test_overlap_scheduler_keeps_the_tokens(setup, reference, monkeypatch):
+    """Spare rows of finished requests ride along in the next step; their state rows are not reused
+    before that step ran."""
+    monkeypatch.setenv("SGLANG_OVERLAP_SCHEDULE_ON_CPU", "1")
+    path, _, proc = setup
+    s = InProcessScheduler(path, disable_overlap_schedule=False, max_running_requests=2)
+    assert s.sched.enable_overlap
+    rids = [s.submit(ids, mm, max_new_tokens=NEW, ignore_eos=True) for ids, mm in _prompts(proc)]
+    s.run_until_idle()
+    s.sched.resolve_in_flight()
+    assert [s.outputs[r] for r in rids] == reference
+    s.assert_no_leak()
+
+
+def test_retraction_restarts_the_state(setup, monkeypatch):
+    from sglang.srt.managers import schedule_policy
+
+    monkeypatch.setattr(schedule_policy, "DECODE_RESERVE_CLIP", 1)  # admit optimistically: decoding runs out
+    path, ref, _ = setup
+    prompts = [_text(40, 10 + i) for i in range(4)]
+    want = [_greedy_reference(ref, ids, None, 16) for ids in prompts]
+    s = InProcessScheduler(path, max_total_tokens=130, chunked_prefill_size=32)
+    rids = [s.submit(ids, None, max_new_tokens=16, ignore_eos=True) for ids in prompts]
+    s.run_until_idle()
+    assert s.sched.num_retractions > 0, "the budget should force at least one retraction"
+    assert [s.outputs[r] for r in rids] == want
+    s.assert_no_leak()
+
+
+def _submit_priority(s, ids, max_new, priority):
+    rid = f"h{next(_rids)}"
+    msg = TokenizedGenerateReqInput(rid, list(ids), SamplingParams(max_new_tokens=max_new, temperature=0.0,
+                                                                  ignore_eos=True), priority=priority)
+    s.sched.process_input_requests([msg])
+    s.outputs[rid] = []
+    return rid
+
+
+def test_priority_preemption_resumes_with_the_right_state(setup):
+    path, ref, _ = setup
+    low_ids, high_ids = _text(30, 40), _text(20, 41)
+    s = InProcessScheduler(path, max_running_requests=1, enable_priority_scheduling=True)
+    low = _submit_priority(s, low_ids, 12, 0)
+    for _ in range(3):
+        s.step()
+    high = _submit_priority(s, high_ids, 4, 10)
+    s.run_until_idle()
+    assert s.sched.num_preemptions == 1
+    assert s.outputs[low] == _greedy_reference(ref, low_ids, None, 12)
+    assert s.outputs[high] == _greedy_reference(ref, high_ids, None, 4)
+    s.assert_no_leak()
+
+
+def test_abort_mid_decode_then_the_row_serves_a_new_request(setup, reference):
+    path, _, proc = setup
+    s = InProcessScheduler(path, max_running_requests=1)
+    gone = s.submit(_text(30, 50), None, max_new_tokens=40, ignore_eos=True)
+    for _ in range(4):
+        s.step()
+    s.sched.handle_abort(gone, "client gone")
+    s.run_until_idle()
+    assert s.finished[gone].type == "abort"
+    ids, mm = _prompts(proc)[1]
+    rid = s.submit(ids, mm, max_new_tokens=NEW, ignore_eos=True)  # the aborted request's row, its state reset
+    s.run_until_idle()
+    assert s.outputs[rid] == reference[1]
+    s.assert_no_leak()
+
+
+def test_state_pool_is_sized_beside_the_kv_pool(setup):
+    path, _, _ = setup
+    s = InProcessScheduler(path, max_running_requests=3)
+    runner = s.sched.worker.model_runner
+    pool, shape = runner.state_pool, runner.state_shape
+    assert runner.kv_layers == (3,) and len(runner.token_to_kv_pool.k_buffer) == 1
+    assert pool.conv.shape[0] == pool.recurrent.shape[0] == runner.req_to_token_pool.size
+    assert shape.num_layers == 3 and pool.total_bytes() == pool.rows * shape.bytes_per_request()
+    assert pool.recurrent.dtype == torch.float32
+    assert s.sched.tree.disable, "no prefix reuse without state snapshots"
