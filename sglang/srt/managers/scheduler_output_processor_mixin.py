@@ -152,6 +152,7 @@ class SchedulerOutputProcessorMixin:
         if self.chunked_req is not None and id(self.chunked_req) in in_batch:
             self.chunked_req = None
         for req in batch.reqs:
+            req.kv_cacheable = False  # the step's KV (and recurrent state) may be half written: never cached
             self._fail(req, error)
 
     def finish(self, req: Req, reason: FinishReason) -> None:

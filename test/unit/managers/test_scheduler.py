@@ -263,6 +263,10 @@ def test_failing_forward_ends_its_batch_and_the_next_request_runs(model, monkeyp
     second = s.submit(_text(8, 4), max_new_tokens=3, ignore_eos=True)
     s.run_until_idle()
     assert s.finished[second].type == "length" and len(s.outputs[second]) == 3
+    # the failed step's KV was never computed: its prompt is not served from the prefix cache
+    again = s.submit(_text(8, 3), max_new_tokens=3, ignore_eos=True)
+    s.run_until_idle()
+    assert s.meta[again]["cached_tokens"] == 0 and len(s.outputs[again]) == 3
     s.assert_no_leak()
 
 
