@@ -61,6 +61,12 @@ class ServerArgs:
         "GPU: fraction of device memory for weights + KV cache"))
     page_size: int = field(default=1, metadata=_arg("KV cache page size in tokens"))
     disable_radix_cache: bool = field(default=False, metadata=_arg("disable the prefix cache"))
+    max_mamba_cache_size: int | None = field(default=None, metadata=_arg(
+        "hybrid models (Qwen3.5): recurrent-state snapshots the prefix cache may keep, beside one state per "
+        "running request (default: as many as request rows)"))
+    mamba_track_interval: int = field(default=256, metadata=_arg(
+        "hybrid models: the prefix cache snapshots a prompt's recurrent state every this many tokens (also at "
+        "the end of each image and video item and of each request); 0: only those"))
     disable_overlap_schedule: bool = field(default=False, metadata=_arg(
         "run the scheduler step by step: without this, the next decode step is built and launched while the "
         "current one runs, its input tokens taken from the current step's samples on the device (outputs are "

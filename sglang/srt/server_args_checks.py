@@ -86,6 +86,10 @@ def check_and_normalize(args) -> list[str]:
         problems += _expert_parallel_problems(args)
     if args.page_size < 1:
         problems.append("--page-size must be >= 1")
+    if args.max_mamba_cache_size is not None and args.max_mamba_cache_size < 0:
+        problems.append("--max-mamba-cache-size must be >= 0")
+    if args.mamba_track_interval < 0:
+        problems.append("--mamba-track-interval must be >= 0")
     if args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1:
         problems.append("--chunked-prefill-size must be positive or -1")
     if args.max_running_requests is not None and args.max_running_requests < 1:

@@ -36,6 +36,8 @@ UPSTREAM = {
     "--node-rank": _flag(0),
     "--dist-init-addr": _flag(None, ("--nccl-init-addr",)),
     "--dp-size": _flag(1, ("--data-parallel-size",)),
+    "--max-mamba-cache-size": _flag(None),
+    "--mamba-track-interval": _flag(256),
     "--load-balance-method": _flag("auto", choices=("auto", "round_robin", "follow_bootstrap_room", "total_requests",
                                                     "total_tokens")),
     "--base-gpu-id": _flag(0),

@@ -80,6 +80,9 @@ class Req:
         self.extend_len = 0  # tokens this step prefills
         self.sent_len = 0  # output tokens already sent to the detokenizer
         self.kv_cacheable = True  # False: computed from a stand-in input (an undecodable image), never cached
+        # hybrid models: (position, state-pool slot) snapshots captured in this admission's prefill steps,
+        # given to the prefix cache (or freed) when the request is released
+        self.state_snapshots: list[tuple[int, int]] = []
         self.tp_broadcast_ms = 0.0
         self.upstream_stages: frozenset[str] = frozenset()  # stage timings measured before the scheduler
 
@@ -174,6 +177,8 @@ class ScheduleBatch:
     # sampling, as (row, row in that batch); the worker fills them on the device
     future_rows: list[tuple[int, int]] | None = None
     future_seq: int = -1
+    # hybrid models, EXTEND: per request, (tokens into this step, snapshot slot) states to keep (hybrid_prefix.py)
+    gdn_captures: list[list[tuple[int, int]]] | None = None
 
     def is_empty(self) -> bool:
         return not self.reqs
@@ -206,6 +211,7 @@ class ScheduleBatch:
             rids=[r.rid for r in self.reqs],
             stage_timings=[r.stage_timings_ms for r in self.reqs] if stage_timer_on else None,
             stage_totals={} if stage_timer_on else None,
+            gdn_captures=self.gdn_captures if self.mode.is_extend() else None,
             **(self._input_logprob_fields(rows, device) if rows else {}),
         )
 

@@ -31,6 +31,7 @@ from sglang.srt.managers.scheduler_overlap_mixin import SchedulerOverlapMixin, _
 from sglang.srt.managers.scheduler_update_weights_mixin import SchedulerUpdateWeightsMixin
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.cache_manager import KVCacheManager, OutOfKVSlots
+from sglang.srt.mem_cache.hybrid_prefix import HybridPrefixTracker
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.memory_budget import available_bytes, fit_chunk, prefill_activation_bytes
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -66,13 +67,11 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
         )
         # the chunk every rank agreed fits its activations next to the KV cache
         self.chunked_prefill_size = self._fit_prefill_chunk(runner, server_args)
-        disable_tree = server_args.disable_radix_cache
-        if runner.state_pool is not None and not disable_tree:
-            # a cached prefix is only resumable with the recurrent state at its end, which the tree does not keep
-            logger.info("prefix cache off: this hybrid model's recurrent state is not snapshotted in the radix tree")
-            disable_tree = True
-        self.tree = RadixCache(runner.allocator, server_args.page_size, disable=disable_tree)
-        self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree)
+        pool = runner.state_pool  # hybrid models: cached prefixes resume from recurrent-state snapshots
+        self.tree = RadixCache(runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache,
+                               free_snapshot=pool.free_snapshot if pool is not None else None)
+        hybrid = HybridPrefixTracker(pool, self.tree, server_args.mamba_track_interval) if pool is not None else None
+        self.kv = KVCacheManager(runner.req_to_token_pool, runner.allocator, self.tree, hybrid)
         self.eos_ids = set(self.model_config.eos_token_ids)
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args), tp.rank,
                                          dp_rank if server_args.dp_size > 1 else None)
@@ -164,6 +163,8 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
         batch = ScheduleBatch(ForwardMode.EXTEND, reqs, extend_lens=lens,
                               prefix_lens=[r.kv_len - n for r, n in zip(reqs, lens)])
         batch.out_cache_loc = torch.cat(locs)
+        if self.kv.hybrid is not None:
+            batch.gdn_captures = self.kv.hybrid.plan_captures(reqs, batch.prefix_lens, lens)
         return batch
 
     def _admit_compiled_grammars(self) -> None:

@@ -54,6 +54,7 @@ class TpModelWorker:
                 cuda_graph_max_bs=server_args.cuda_graph_max_bs_decode,
                 cuda_graph_bs=server_args.cuda_graph_bs_decode,
                 page_size=server_args.page_size,
+                max_mamba_cache_size=server_args.max_mamba_cache_size,
                 enable_vit_ulysses_sp=server_args.enable_vit_ulysses_sp,
                 mm_enable_dp_encoder=server_args.mm_enable_dp_encoder,
                 language_only=server_args.language_only,

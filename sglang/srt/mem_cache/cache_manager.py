@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.hybrid_prefix import HybridPrefixTracker
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -18,10 +19,13 @@ class OutOfKVSlots(RuntimeError):
 
 
 class KVCacheManager:
-    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree: RadixCache):
+    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree: RadixCache,
+                 hybrid: HybridPrefixTracker | None = None):
+        """hybrid: a hybrid model's recurrent-state snapshots (restored at admission, kept at release)."""
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree = tree
+        self.hybrid = hybrid
 
     def available_tokens(self) -> int:
         """Slots obtainable now: free ones plus unlocked cached ones that can be evicted."""
@@ -56,6 +60,8 @@ class KVCacheManager:
         req.last_node = match.last_node
         self.tree.inc_lock_ref(req.last_node)
         self.req_to_token_pool.write(idx, 0, req.kv_indices)
+        if self.hybrid is not None:
+            self.hybrid.on_admit(req)
         req.admitted = True
         return True
 
@@ -102,8 +108,12 @@ class KVCacheManager:
                 self.allocator.free(kv[req.cache_len : already])
             if inserted < kv.numel():
                 self.allocator.free(kv[max(inserted, req.cache_len) :])
+            if self.hybrid is not None:
+                self.hybrid.on_release(req, key[:inserted], cached=not self.tree.disable)
         else:
             self.allocator.free(kv[req.cache_len :])
+            if self.hybrid is not None:
+                self.hybrid.on_release(req, [], cached=False)
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = -1

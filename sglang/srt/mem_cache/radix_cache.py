@@ -3,6 +3,11 @@
 Keys are python lists of ints (image pad values are ordinary ints); values are 1-D int64 tensors of
 KV-pool slot indices with the same length as the key. Everything is page granular: an edge always
 holds a whole number of pages, and only whole matching pages count as a match.
+
+Hybrid models (`require_snapshot`): a cached prefix is resumable only where the tree also holds the
+recurrent state at its end, a snapshot slot of the state pool (`TreeNode.snapshot`, marking the end of
+that node's edge). A match then stops at the deepest such node; splitting an edge keeps the snapshot
+with the lower half, whose end it marks; evicting a node frees its snapshot with its slots.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class TreeNode:
         # Number of running requests whose matched path passes through this node; > 0 => never evicted.
         self.lock_ref = 0
         self.last_access = 0
+        self.snapshot: int | None = None  # hybrid models: state-pool slot holding the state at this edge's end
 
     def __repr__(self) -> str:
         return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref}, t={self.last_access})"
@@ -46,12 +52,16 @@ class RadixCache:
     Sizes are counted in tokens. evictable_size() + protected_size() == total_size() always.
     """
 
-    def __init__(self, allocator, page_size: int = 1, disable: bool = False):
+    def __init__(self, allocator, page_size: int = 1, disable: bool = False, free_snapshot=None):
+        """free_snapshot: given, the tree is a hybrid model's (see the module docstring) and calls it with
+        each snapshot slot it drops."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.allocator = allocator
         self.page_size = page_size
         self.disable = disable
+        self.free_snapshot = free_snapshot
+        self.require_snapshot = free_snapshot is not None
         self._clock = itertools.count(1)  # monotonic access counter: deterministic LRU order
         self._reset_tree()
 
@@ -72,6 +82,8 @@ class RadixCache:
         slots = self.all_slots()
         if slots.numel():
             self.allocator.free(slots)
+        for node in self._nodes():
+            self._drop_snapshot(node)
         self._reset_tree()
 
     def evictable_size(self) -> int:
@@ -82,6 +94,14 @@ class RadixCache:
 
     def total_size(self) -> int:
         return self._evictable + self._protected
+
+    def snapshot_count(self) -> int:
+        return sum(n.snapshot is not None for n in self._nodes())
+
+    def _drop_snapshot(self, node: TreeNode) -> None:
+        if node.snapshot is not None:
+            self.free_snapshot(node.snapshot)
+            node.snapshot = None
 
     def all_slots(self) -> torch.Tensor:
         """All slots currently owned by the tree (no particular order)."""
@@ -142,6 +162,10 @@ class RadixCache:
                 break
             parts.append(child.value)
             node, key = child, key[n:]
+        if self.require_snapshot:
+            while node is not self.root and node.snapshot is None:
+                node = node.parent
+                parts.pop()
         return MatchResult(torch.cat(parts) if parts else _EMPTY.clone(), node)
 
     def insert(self, key: list[int], indices: torch.Tensor) -> int:
@@ -180,6 +204,30 @@ class RadixCache:
             node, key, value = child, key[n:], value[n:]
         return present
 
+    def attach_snapshot(self, key: list[int], slot: int) -> bool:
+        """Hybrid models: the state after `key` (page aligned, already inserted) is kept in `slot`, at the
+        end of the node `key` ends at (an edge is split there). False, and the slot stays the caller's,
+        when that node has a snapshot already or `key` is not (or no longer) in the tree."""
+        if self.disable or not key or len(key) % self.page_size:
+            return False
+        node = self.root
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                return False
+            n = self._match_len(child.key, key)
+            if n == 0:
+                return False
+            if n < len(child.key):
+                if n < len(key):
+                    return False
+                child = self._split(child, n)
+            node, key = child, key[n:]
+        if node.snapshot is not None:
+            return False
+        node.snapshot = slot
+        return True
+
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Locks the path node -> root; returns how many tokens moved from evictable to protected."""
         moved = 0
@@ -206,17 +254,21 @@ class RadixCache:
             node = node.parent
         return moved
 
-    def evict(self, num_tokens: int) -> int:
-        """Frees unlocked leaves, least recently used first, until >= num_tokens tokens are freed or
-        nothing evictable remains; a parent becomes a candidate once its last child is gone."""
-        if self.disable or num_tokens <= 0:
+    def evict(self, num_tokens: int, snapshots: int = 0) -> int:
+        """Frees unlocked leaves, least recently used first, until >= num_tokens tokens (and >= `snapshots`
+        state snapshots) are freed or nothing evictable remains; a parent becomes a candidate once its
+        last child is gone. Returns the tokens freed."""
+        if self.disable or (num_tokens <= 0 and snapshots <= 0):
             return 0
-        heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        heap = [(n.last_access, n.id, n) for n in self._nodes()
+                if not n.children and n.lock_ref == 0 and n is not self.root]
         heapq.heapify(heap)
-        freed = 0
-        while heap and freed < num_tokens:
+        freed = freed_snapshots = 0
+        while heap and (freed < num_tokens or freed_snapshots < snapshots):
             _, _, leaf = heapq.heappop(heap)
             self.allocator.free(leaf.value)
+            freed_snapshots += leaf.snapshot is not None
+            self._drop_snapshot(leaf)
             freed += len(leaf.key)
             self._evictable -= len(leaf.key)
             parent = leaf.parent

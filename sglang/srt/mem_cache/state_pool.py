@@ -1,18 +1,27 @@
 """Recurrent-state pool of hybrid models (Qwen3.5's Gated DeltaNet layers), beside the KV pool.
 
 A linear-attention layer keeps no KV: each request carries a fixed-size state instead (the conv
-history and the delta-rule state of every such layer, `mem_cache/gdn_state.py`). The pool
-holds one state per request-table row, so a state lives exactly as long as its request's row: the
-row is taken at admission and freed by `KVCacheManager.release`, which the overlap scheduler already
+history and the delta-rule state of every such layer, `mem_cache/gdn_state.py`). The pool holds one
+state per request-table row, so a running request's state lives exactly as long as its row: the row
+is taken at admission and freed by `KVCacheManager.release`, which the overlap scheduler already
 defers until no launched step uses the row. Nothing here can leak that the request table does not.
 
-Invariant: a row's state is the state after the request's first `kv_len` tokens. A prefill that starts
-at position 0 therefore begins from zeros (`states_for` resets those rows, on the forward thread, in
-step order, so a row reused by a new request never sees its previous owner's state).
+Behind the rows sit `snapshot_slots` more states: copies the radix tree keeps at the token positions a
+later request may resume from (`mem_cache/hybrid_prefix.py`). A snapshot slot is owned by exactly one
+of: the free list, a running request (captured, not yet given to the tree), or one tree node.
+
+Invariants:
+- a row's state is the state after the request's first `kv_len` tokens; a prefill that starts at
+  position 0 begins from zeros (`states_for` resets those rows);
+- state copies the scheduler asks for (restore a snapshot into a row, keep a finished row as a
+  snapshot) are queued and applied at the start of the next forward, on the forward thread, in the
+  order they were asked: so they land between the steps exactly as the scheduler saw them, whatever
+  steps are still in flight when they are asked.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import torch
@@ -21,13 +30,18 @@ from sglang.srt.mem_cache.gdn_state import GDNRequestState, GDNStateShape
 
 
 class GDNStatePool:
-    def __init__(self, shape: GDNStateShape, rows: int, device: str | torch.device = "cpu"):
+    def __init__(self, shape: GDNStateShape, rows: int, device: str | torch.device = "cpu", snapshot_slots: int = 0):
         self.shape = shape
         self.rows = rows
+        self.snapshot_slots = snapshot_slots
         self.device = torch.device(device)
         blank = shape.new_request(device)
-        self.conv = blank.conv.new_zeros((rows, *blank.conv.shape))
-        self.recurrent = blank.recurrent.new_zeros((rows, *blank.recurrent.shape))
+        n = rows + snapshot_slots
+        self.conv = blank.conv.new_zeros((n, *blank.conv.shape))
+        self.recurrent = blank.recurrent.new_zeros((n, *blank.recurrent.shape))
+        self._free_snapshots = list(range(n - 1, rows - 1, -1))  # pop() hands out the lowest first
+        self._pending: list[tuple[int, int]] = []  # (src, dst) copies for the next forward
+        self._lock = threading.Lock()
 
     def bytes_per_request(self) -> int:
         return self.shape.bytes_per_request()
@@ -35,13 +49,41 @@ class GDNStatePool:
     def total_bytes(self) -> int:
         return self.conv.numel() * self.conv.element_size() + self.recurrent.numel() * self.recurrent.element_size()
 
-    def state(self, row: int) -> GDNRequestState:
-        """Row `row`'s state as views into the pool (the model updates it in place)."""
-        return GDNRequestState(self.conv[row], self.recurrent[row])
+    def state(self, slot: int) -> GDNRequestState:
+        """Slot `slot`'s state (a row or a snapshot) as views into the pool."""
+        return GDNRequestState(self.conv[slot], self.recurrent[slot])
+
+    # ------------------------------------------------------------------ snapshots (scheduler thread)
+    def available_snapshots(self) -> int:
+        return len(self._free_snapshots)
+
+    def alloc_snapshot(self) -> int | None:
+        return self._free_snapshots.pop() if self._free_snapshots else None
+
+    def free_snapshot(self, slot: int) -> None:
+        if not self.rows <= slot < self.rows + self.snapshot_slots or slot in self._free_snapshots:
+            raise RuntimeError(f"state snapshot slot {slot} freed twice or not a snapshot slot")
+        self._free_snapshots.append(slot)
+
+    def queue_copy(self, src: int, dst: int) -> None:
+        """State slot `src` -> `dst`, applied before the next forward reads any state."""
+        with self._lock:
+            self._pending.append((src, dst))
+
+    # ------------------------------------------------------------------ the forward (forward thread)
+    def apply_pending(self) -> None:
+        if not self._pending:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for src, dst in pending:  # in order: a later copy may read what an earlier one wrote
+            self.conv[dst].copy_(self.conv[src])
+            self.recurrent[dst].copy_(self.recurrent[src])
 
     def states_for(self, rows: Sequence[int], prefix_lens: Sequence[int] | None = None) -> list[GDNRequestState]:
-        """The batch's states in batch order. `prefix_lens` (EXTEND batches): a request whose new tokens
-        start at position 0 gets a zeroed state first."""
+        """The batch's states in batch order, after the queued copies. `prefix_lens` (EXTEND batches): a
+        request whose new tokens start at position 0 gets a zeroed state first."""
+        self.apply_pending()
         if prefix_lens is not None:
             fresh = [r for r, p in zip(rows, prefix_lens) if p == 0]
             if fresh:

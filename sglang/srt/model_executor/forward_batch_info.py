@@ -58,6 +58,11 @@ class ForwardBatch:
     input_logprob_targets: torch.Tensor | None = None
     input_top_logprobs_num: int = 0
     mm_embedder: "MultimodalEmbedder | None" = None  # set by the model runner
+    # hybrid models: per request, the recurrent states to keep as prefix-cache snapshots inside this step,
+    # as (tokens into the step, state-pool slot); the model runner adds the slots' states (gdn_capture_states)
+    gdn_captures: list[list[tuple[int, int]]] | None = None
+    gdn_capture_states: list | None = None
+    gdn_states: list | None = None  # hybrid models: each request's recurrent state (set by the model runner)
     # Stage timer (None when off): one dict per request, plus this batch's totals.
     stage_timings: list[dict] | None = None
     stage_totals: dict | None = None

@@ -48,6 +48,7 @@ class ModelRunnerConfig:
     cuda_graph_max_bs: int | None = None  # default: min(160, request-table rows)
     cuda_graph_bs: tuple[int, ...] | None = None
     page_size: int = 1
+    max_mamba_cache_size: int | None = None  # hybrid models: state snapshot slots (None: as many as request rows)
     enable_vit_ulysses_sp: bool = False  # --enable-vit-ulysses-sp: replicated vision tower, tokens split over TP
     mm_enable_dp_encoder: bool = False  # --mm-enable-dp-encoder: replicated vision tower, images split over TP
     language_only: bool = False  # --language-only (EPD): no vision tower; images arrive as encoders' embeddings
@@ -97,12 +98,14 @@ class ModelRunner:
         )
         self.state_pool = None
         if self.state_shape is not None:
-            self.state_pool = GDNStatePool(self.state_shape, rows, self.device)
+            snapshots = rows if cfg.max_mamba_cache_size is None else cfg.max_mamba_cache_size
+            self.state_pool = GDNStatePool(self.state_shape, rows, self.device, snapshots)
             logger.info("hybrid model: KV cache for %d of %d layers, %d bytes per token, %d tokens (%.1f MiB); "
-                        "recurrent state for %d layers, %d bytes per request, %d rows (%.1f MiB)",
-                        len(self.kv_layers), text.num_hidden_layers, bytes_per_token, self.max_total_num_tokens,
-                        self.max_total_num_tokens * bytes_per_token / 2**20, self.state_shape.num_layers,
-                        self.state_shape.bytes_per_request(), rows, self.state_pool.total_bytes() / 2**20)
+                        "recurrent state for %d layers, %d bytes per request, %d rows + %d prefix-cache snapshots "
+                        "(%.1f MiB)", len(self.kv_layers), text.num_hidden_layers, bytes_per_token,
+                        self.max_total_num_tokens, self.max_total_num_tokens * bytes_per_token / 2**20,
+                        self.state_shape.num_layers, self.state_shape.bytes_per_request(), rows, snapshots,
+                        self.state_pool.total_bytes() / 2**20)
         self.allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, "cpu", cfg.page_size)  # host bookkeeping: slots reach the device with the step metadata
         lm_auto, mm_auto = default_attention_backends(self.device.type)
         self.attention_backend = lm_auto if cfg.attention_backend == "auto" else cfg.attention_backend
@@ -180,7 +183,8 @@ class ModelRunner:
         if self.state_shape is not None:  # the state pool's rows come out of the same budget, first
             rows = self.cfg.max_running_requests or derive_max_running_requests(
                 int(total * self.cfg.mem_fraction_static) // bytes_per_token, self.context_length) + 1
-            reserved[STATE_POOL] = rows * self.state_shape.bytes_per_request()
+            snapshots = rows if self.cfg.max_mamba_cache_size is None else self.cfg.max_mamba_cache_size
+            reserved[STATE_POOL] = (rows + snapshots) * self.state_shape.bytes_per_request()
         tokens, budget = kv_budget_tokens(total, free, self.cfg.mem_fraction_static, sum(reserved.values()),
                                           bytes_per_token)
         if reserved:
@@ -203,9 +207,13 @@ class ModelRunner:
         forward_batch.mm_embedder = self.mm_embedder
         self.req_to_token_pool.apply_pending()
         if self.state_pool is not None:
-            forward_batch.gdn_states = self.state_pool.states_for(
+            pool = self.state_pool
+            forward_batch.gdn_states = pool.states_for(
                 forward_batch.req_pool_indices_cpu,
                 forward_batch.extend_prefix_lens_cpu if forward_batch.forward_mode.is_extend() else None)
+            if forward_batch.gdn_captures:
+                forward_batch.gdn_capture_states = [[(at, pool.state(slot)) for at, slot in caps]
+                                                    for caps in forward_batch.gdn_captures]
         if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
             return self.cuda_graph_runner.replay(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)

@@ -97,7 +97,8 @@ class Qwen3_5DecoderLayer(nn.Module):
         self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
     def forward(self, rope, hidden_states, residual, forward_batch, gdn=None):
-        """gdn: (seq_lens, per-request layer states) for a linear-attention layer, else None."""
+        """gdn: (seq_lens, per-request layer states, per-request snapshot captures or None) for a
+        linear-attention layer, else None."""
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
@@ -153,12 +154,14 @@ class Qwen3_5TextModel(nn.Module):
         else:
             seq_lens = [1] * forward_batch.batch_size
         states = request_states(forward_batch) if self.state_index else []
+        captures = getattr(forward_batch, "gdn_capture_states", None)
         residual = None
         for i, layer in enumerate(self.layers):
             gdn = None
             if layer.is_linear:
                 j = self.state_index[i]
-                gdn = (seq_lens, [s.layer(j) for s in states])
+                gdn = (seq_lens, [s.layer(j) for s in states],
+                       [[(at, c.layer(j)) for at, c in caps] for caps in captures] if captures else None)
             hidden_states, residual = layer(rope, hidden_states, residual, forward_batch, gdn)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states

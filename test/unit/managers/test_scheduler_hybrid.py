@@ -167,7 +167,106 @@ def test_state_pool_is_sized_beside_the_kv_pool(setup):
     runner = s.sched.worker.model_runner
     pool, shape = runner.state_pool, runner.state_shape
     assert runner.kv_layers == (3,) and len(runner.token_to_kv_pool.k_buffer) == 1
-    assert pool.conv.shape[0] == pool.recurrent.shape[0] == runner.req_to_token_pool.size
-    assert shape.num_layers == 3 and pool.total_bytes() == pool.rows * shape.bytes_per_request()
+    rows = runner.req_to_token_pool.size
+    assert pool.rows == rows and pool.snapshot_slots == rows  # default: as many snapshots as rows
+    assert pool.conv.shape[0] == pool.recurrent.shape[0] == 2 * rows
+    assert shape.num_layers == 3 and pool.total_bytes() == 2 * rows * shape.bytes_per_request()
     assert pool.recurrent.dtype == torch.float32
-    assert s.sched.tree.disable, "no prefix reuse without state snapshots"
+    sized = InProcessScheduler(path, max_running_requests=3, max_mamba_cache_size=5)
+    assert sized.sched.worker.model_runner.state_pool.conv.shape[0] == rows + 5
+
+
+# ----------------------------------------------------------------------------- prefix cache (state snapshots)
+def _assert_snapshots_accounted(s: InProcessScheduler) -> None:
+    """Every snapshot slot is free or held by exactly one tree node (none left with a finished request)."""
+    pool, tree = s.sched.worker.model_runner.state_pool, s.sched.tree
+    assert pool.available_snapshots() + tree.snapshot_count() == pool.snapshot_slots
+
+
+def test_same_images_new_question_resume_after_the_images(setup):
+    path, ref, proc = setup
+    s = InProcessScheduler(path, mamba_track_interval=0)  # only item ends and request ends
+    head = _text(6, 60) + PLACEHOLDER
+    images = [_image(61), _image(62, 64, 64)]
+    first = proc.process(head + _text(4, 63) + PLACEHOLDER + _text(5, 64), images)
+    second = proc.process(head + _text(4, 63) + PLACEHOLDER + _text(9, 65), images)  # new question
+    r1 = s.submit(*first, max_new_tokens=NEW, ignore_eos=True)
+    s.run_until_idle()
+    r2 = s.submit(*second, max_new_tokens=NEW, ignore_eos=True)
+    s.run_until_idle()
+    last_image_end = second[1].mm_items[-1].offsets[-1][1]
+    assert s.meta[r1]["cached_tokens"] == 0
+    assert s.meta[r2]["cached_tokens"] == last_image_end  # the deepest snapshot: after the second image
+    assert s.outputs[r2] == _greedy_reference(ref, *second, NEW)
+    s.assert_no_leak()
+    _assert_snapshots_accounted(s)
+
+
+def test_multi_turn_chat_resumes_at_the_end_of_the_previous_turn(setup):
+    path, ref, proc = setup
+    s = InProcessScheduler(path)
+    turn1 = proc.process(_text(7, 70) + PLACEHOLDER + _text(8, 71), [_image(72)])
+    r1 = s.submit(*turn1, max_new_tokens=NEW, ignore_eos=True)
+    s.run_until_idle()
+    history = turn1[0] + s.outputs[r1]
+    s.submit(_text(30, 74), None, max_new_tokens=3)  # another conversation takes the request row meanwhile
+    s.run_until_idle()
+    turn2 = proc.process(_text(7, 70) + PLACEHOLDER + _text(8, 71) + s.outputs[r1] + _text(6, 73), [_image(72)])
+    assert turn2[0][:len(history)] == history
+    r2 = s.submit(*turn2, max_new_tokens=NEW, ignore_eos=True)
+    s.run_until_idle()
+    # the first turn's state was kept at its end: everything it computed (its last output token was
+    # sampled, never fed) is served from the cache
+    assert s.meta[r2]["cached_tokens"] == len(history) - 1
+    assert s.outputs[r2] == _greedy_reference(ref, *turn2, NEW)
+    s.assert_no_leak()
+    _assert_snapshots_accounted(s)
+
+
+@pytest.mark.parametrize("interval,chunk", [(32, None), (32, 20), (0, None)])
+def test_long_shared_prefix_resumes_at_the_last_interval_snapshot(setup, interval, chunk):
+    path, ref, _ = setup
+    kw = {"chunked_prefill_size": chunk} if chunk else {}
+    s = InProcessScheduler(path, mamba_track_interval=interval, **kw)
+    shared = _text(100, 80)
+    a, b = shared + _text(5, 81), shared + _text(7, 82)
+    ra = s.submit(a, None, max_new_tokens=NEW, ignore_eos=True)
+    s.run_until_idle()
+    rb = s.submit(b, None, max_new_tokens=NEW, ignore_eos=True)
+    s.run_until_idle()
+    assert s.meta[rb]["cached_tokens"] == (96 if interval else 0)  # 100 shared: snapshots at 32, 64, 96
+    assert s.outputs[rb] == _greedy_reference(ref, b, None, NEW)
+    again = s.submit(a, None, max_new_tokens=NEW, ignore_eos=True)  # the same prompt: resumes at its end
+    s.run_until_idle()
+    assert s.meta[again]["cached_tokens"] == len(a) - 1
+    assert s.outputs[again] == s.outputs[ra]
+    s.assert_no_leak()
+    _assert_snapshots_accounted(s)
+
+
+def test_snapshots_are_bounded_and_evicted_with_their_nodes(setup):
+    path, ref, _ = setup
+    s = InProcessScheduler(path, max_mamba_cache_size=3, mamba_track_interval=16)
+    prompts = [_text(40, 90 + i) for i in range(5)]  # 2 interval snapshots + 1 end snapshot each
+    rids = [s.submit(ids, None, max_new_tokens=3, ignore_eos=True) for ids in prompts]
+    s.run_until_idle()
+    pool = s.sched.worker.model_runner.state_pool
+    assert s.sched.tree.snapshot_count() <= 3
+    _assert_snapshots_accounted(s)
+    assert [s.outputs[r] for r in rids] == [_greedy_reference(ref, ids, None, 3) for ids in prompts]
+    s.sched.tree.reset()  # what /flush_cache does when idle: every snapshot back to the pool
+    assert pool.available_snapshots() == pool.snapshot_slots and s.sched.tree.snapshot_count() == 0
+    s.assert_no_leak()
+
+
+def test_disabled_radix_cache_keeps_no_snapshots(setup):
+    path, _, proc = setup
+    s = InProcessScheduler(path, disable_radix_cache=True, mamba_track_interval=8)
+    ids, mm = _prompts(proc)[1]
+    for _ in range(2):
+        rid = s.submit(ids, mm, max_new_tokens=NEW, ignore_eos=True)
+        s.run_until_idle()
+        assert s.meta[rid]["cached_tokens"] == 0
+    pool = s.sched.worker.model_runner.state_pool
+    assert pool.available_snapshots() == pool.snapshot_slots
+    s.assert_no_leak()

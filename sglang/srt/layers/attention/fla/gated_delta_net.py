@@ -97,10 +97,12 @@ class GatedDeltaNet(nn.Module):
         return GDNStateShape(num_layers, 2 * self.key_dim + self.value_dim, self.conv_kernel, self.num_v_heads,
                              self.head_k_dim, self.head_v_dim, conv_dtype=dtype)
 
-    def forward(self, hidden_states: torch.Tensor, seq_lens: Sequence[int],
-                states: Sequence[GDNLayerState]) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, seq_lens: Sequence[int], states: Sequence[GDNLayerState],
+                captures: Sequence[Sequence[tuple[int, GDNLayerState]]] | None = None) -> torch.Tensor:
         """hidden_states: (T, hidden), the new tokens of each request in turn (`seq_lens[i]` of request
-        i, summing to T); states[i]: request i's state, read and then updated in place."""
+        i, summing to T); states[i]: request i's state, read and then updated in place. captures[i]:
+        (k, target) pairs, 0 < k <= seq_lens[i] ascending: the state after request i's first k new
+        tokens is also copied into `target` (the prefix cache's snapshots)."""
         if sum(seq_lens) != hidden_states.shape[0] or len(seq_lens) != len(states):
             raise ValueError(f"{hidden_states.shape[0]} tokens, seq_lens {list(seq_lens)}, {len(states)} states")
         t = hidden_states.shape[0]
@@ -111,11 +113,19 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias.float())
         out = torch.empty(t, self.num_v_heads, self.head_v_dim, dtype=torch.float32, device=hidden_states.device)
         start = 0
-        for n, state in zip(seq_lens, states):
-            end = start + n
-            if n:
-                out[start:end] = self._mix_one(qkv[start:end], g[start:end], beta[start:end], state)
-            start = end
+        for i, (n, state) in enumerate(zip(seq_lens, states)):
+            # the request's tokens in pieces ending at its capture points (one piece without any)
+            cuts = [(k, target) for k, target in (captures[i] if captures else ()) if 0 < k <= n]
+            done = 0
+            for k, target in cuts + ([(n, None)] if not cuts or cuts[-1][0] < n else []):
+                if k > done:
+                    lo, hi = start + done, start + k
+                    out[lo:hi] = self._mix_one(qkv[lo:hi], g[lo:hi], beta[lo:hi], state)
+                    done = k
+                if target is not None:
+                    target.conv.copy_(state.conv)
+                    target.recurrent.copy_(state.recurrent)
+            start += n
         o = self.norm(out.to(hidden_states.dtype).view(-1, self.head_v_dim), z.view(-1, self.head_v_dim))
         return self.out_proj(o.view(t, self.value_dim))
 
