@@ -22,8 +22,10 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 QWEN3_VL_MOE = "qwen3_vl_moe"  # a model_type of the qwen3_vl family (same tokenizer, vision tower)
 QWEN3_5 = "qwen3_5"
+QWEN3_5_MOE = "qwen3_5_moe"  # a model_type of the qwen3_5 family (a qwen3_5 preset with TextPreset.moe set)
 _ARCH = {QWEN3_VL: "Qwen3VLForConditionalGeneration", QWEN2_5_VL: "Qwen2_5_VLForConditionalGeneration",
-         QWEN3_VL_MOE: "Qwen3VLMoeForConditionalGeneration", QWEN3_5: "Qwen3_5ForConditionalGeneration"}
+         QWEN3_VL_MOE: "Qwen3VLMoeForConditionalGeneration", QWEN3_5: "Qwen3_5ForConditionalGeneration",
+         QWEN3_5_MOE: "Qwen3_5MoeForConditionalGeneration"}
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -63,6 +65,15 @@ class MoEPreset:
 
     def is_sparse_layer(self, layer_id: int) -> bool:
         return layer_id not in self.mlp_only_layers and (layer_id + 1) % self.decoder_sparse_step == 0
+
+
+@dataclass(frozen=True)
+class SharedExpertMoEPreset(MoEPreset):
+    """Qwen3.5-MoE's sparse MLPs (qwen3_5_checkpoint.py): every layer sparse, experts fused as released
+    ([E, 2*inter, hidden], [E, hidden, inter]), plus one shared expert of this width. A subclass, so the
+    Qwen3-VL-MoE presets' definitions (and the digests make_model keys its reuse on) stay as they were."""
+
+    shared_expert_intermediate_size: int = field(kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -111,7 +122,9 @@ class ModelPreset:
 
     @property
     def model_type(self) -> str:
-        return QWEN3_VL_MOE if self.text.moe is not None else self.family
+        if self.text.moe is None:
+            return self.family
+        return QWEN3_5_MOE if self.family == QWEN3_5 else QWEN3_VL_MOE
 
     @property
     def architecture(self) -> str:

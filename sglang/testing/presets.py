@@ -6,8 +6,10 @@ Two families are covered, with the Hugging Face layout that transformers 5.x wri
   ``Qwen3VLMoeForConditionalGeneration``, model_type ``qwen3_vl_moe``, experts in the released fused layout)
 * ``qwen2_5_vl`` (``Qwen2_5_VLForConditionalGeneration``)
 * ``qwen3_5`` (``Qwen3_5ForConditionalGeneration``: hybrid Gated DeltaNet / gated full attention text
-  decoder, Qwen3-VL's vision tower without deepstack); its presets live in ``QWEN3_5_PRESETS``, outside
-  ``PRESETS``, whose tests expect the Qwen3-VL / Qwen2.5-VL token ids and transformers classes
+  decoder, Qwen3-VL's vision tower without deepstack; with ``TextPreset.moe`` set,
+  ``Qwen3_5MoeForConditionalGeneration``, model_type ``qwen3_5_moe``, with a shared expert); its presets
+  live in ``QWEN3_5_PRESETS``, outside ``PRESETS``, whose tests expect the Qwen3-VL / Qwen2.5-VL token
+  ids and transformers classes
 
 Tiny presets (``qwen3-vl-tiny``, ``qwen2.5-vl-tiny``) are for fast CPU tests; the others are
 shape-true replicas of the public checkpoints (random values, real shapes and configs).
@@ -31,8 +33,10 @@ from sglang.testing.preset_types import (  # noqa: F401  (this module's names to
     PAD_TOKEN_ID,
     QWEN2_5_VL,
     QWEN3_5,
+    QWEN3_5_MOE,
     QWEN3_VL,
     QWEN3_VL_MOE,
+    SharedExpertMoEPreset,
     TextPreset,
     VIDEO_TOKEN_ID,
     VISION_END_TOKEN_ID,
@@ -355,6 +359,40 @@ QWEN3_5_PRESETS: dict[str, ModelPreset] = {
         min_pixels=4 * 32 * 32, max_pixels=512 * 512, init=_TINY_INIT, tiny=True,
     ),
 }
+
+
+# Qwen3.5-MoE. Sources (searched public text; the Hub itself is out of reach here): config.json inventories
+# of Qwen/Qwen3.5-35B-A3B and Qwen/Qwen3.6-35B-A3B (same architecture, same numbers) quoted by several
+# independent loaders: architectures Qwen3_5MoeForConditionalGeneration, text model_type qwen3_5_moe_text,
+# hidden 2048, 40 layers (linear x3 + full, full_attention_interval 4), 16 heads / 2 kv heads of head_dim
+# 256, linear heads 16 key / 32 value of dim 128, num_experts 256, num_experts_per_tok 8,
+# moe_intermediate_size 512, shared_expert_intermediate_size 512, no intermediate_size, no norm_topk_prob,
+# mlp_only_layers [] (every layer sparse), mrope_section [11, 11, 10], rope_theta 1e7, vocab 248320,
+# max_position_embeddings 262144, tie_word_embeddings false, mtp_num_hidden_layers 1; vision depth 27,
+# hidden 1152, intermediate 4304, 16 heads, out_hidden 2048, 2304 positions, deepstack []. Expert tensors:
+# fused `mlp.experts.gate_up_proj` [256, 1024, 2048] / `down_proj` [256, 2048, 512] in the decoder layers,
+# one tensor per expert in the MTP layer. Pixel bounds: Qwen3-VL's (not confirmed for Qwen3.5).
+_QWEN3_5_MOE_LAYERS = ("linear_attention",) * 3 + ("full_attention",)
+QWEN3_5_PRESETS["qwen3.5-moe-tiny"] = replace(
+    QWEN3_5_PRESETS["qwen3.5-tiny"], name="qwen3.5-moe-tiny",
+    # every layer sparse (no dense intermediate); 2*48 != 64 and 48 != 64: no expert shape fits two layouts
+    text=replace(QWEN3_5_PRESETS["qwen3.5-tiny"].text, intermediate_size=0,
+                 moe=SharedExpertMoEPreset(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+                                           shared_expert_intermediate_size=80)),
+)
+QWEN3_5_PRESETS["qwen3.5-35b-a3b"] = ModelPreset(
+    name="qwen3.5-35b-a3b", family=QWEN3_5, vision=_qwen3_vision(27, 1152, 4304, 2048, ()),
+    text=HybridTextPreset(
+        hidden_size=2048, intermediate_size=0, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+        head_dim=256, vocab_size=QWEN3_5_VOCAB_SIZE, rope_theta=10_000_000.0, mrope_section=(11, 11, 10),
+        mrope_interleaved=True, max_position_embeddings=262144,
+        moe=SharedExpertMoEPreset(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                                  shared_expert_intermediate_size=512),
+        linear=LinearAttnPreset(_QWEN3_5_MOE_LAYERS * 10, num_key_heads=16, num_value_heads=32, key_head_dim=128,
+                                value_head_dim=128),
+    ),
+    tie_word_embeddings=False, default_dtype="bfloat16", **_QWEN3_PIXELS,
+)
 
 
 def list_presets() -> list[str]:

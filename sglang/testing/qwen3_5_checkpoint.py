@@ -3,6 +3,12 @@ every checkpoint tensor (Hub names and shapes, the `model.language_model.*` / `m
 the releases, plus their `mtp.*` multi-token-prediction block). make_model dispatches here for the
 ``qwen3_5`` family; the Qwen3-VL / Qwen2.5-VL files stay in hf_configs.py and tensor_specs.py.
 
+A preset with ``text.moe`` set is Qwen3.5-MoE (model_type ``qwen3_5_moe``): every decoder layer's MLP is a
+router (``mlp.gate``), routed experts and a shared expert with its sigmoid gate. The decoder layers' experts
+are written fused as the releases store them (``mlp.experts.gate_up_proj`` [E, 2I, H], gate rows then up;
+``mlp.experts.down_proj`` [E, H, I]: transformers' own parameter layout), the MTP layer's one tensor per
+expert (``mtp.layers.0.mlp.experts.{e}.gate_proj.weight``, as the releases do).
+
 Init kinds: the zero-centred RMSNorms (decoder, final, q/k and MTP norms: transformers scales by
 ``1 + weight``) are drawn as BIAS, small values around 0; the DeltaNet's gated norm scales by ``weight``
 and is drawn as NORM (around 1); ``dt_bias`` as DECAY_BIAS (around -4: long-lived states); ``A_log``
@@ -86,11 +92,30 @@ def _linear_attention_specs(p: ModelPreset, b: str) -> list[TensorSpec]:
             + _linear(f"{a}.out_proj", t.hidden_size, value_dim))
 
 
-def _mlp_and_norms(p: ModelPreset, b: str) -> list[TensorSpec]:
+def _gated_mlp(name: str, inter: int, h: int) -> list[TensorSpec]:
+    return (_linear(f"{name}.gate_proj", inter, h) + _linear(f"{name}.up_proj", inter, h)
+            + _linear(f"{name}.down_proj", h, inter))
+
+
+def _sparse_mlp(p: ModelPreset, b: str, fused: bool) -> list[TensorSpec]:
+    """Router, experts (fused, or one linear per expert), shared expert and its one-logit gate."""
+    h, m = p.text.hidden_size, p.text.moe
+    e, i = m.num_experts, m.moe_intermediate_size
+    specs = _linear(f"{b}.mlp.gate", e, h)
+    if fused:
+        specs += [TensorSpec(f"{b}.mlp.experts.gate_up_proj", (e, 2 * i, h), WEIGHT),
+                  TensorSpec(f"{b}.mlp.experts.down_proj", (e, h, i), WEIGHT)]
+    else:
+        specs += [s for x in range(e) for s in _gated_mlp(f"{b}.mlp.experts.{x}", i, h)]
+    return (specs + _gated_mlp(f"{b}.mlp.shared_expert", m.shared_expert_intermediate_size, h)
+            + _linear(f"{b}.mlp.shared_expert_gate", 1, h))
+
+
+def _mlp_and_norms(p: ModelPreset, b: str, fused_experts: bool = True) -> list[TensorSpec]:
     t = p.text
     h = t.hidden_size
-    return (_linear(f"{b}.mlp.gate_proj", t.intermediate_size, h) + _linear(f"{b}.mlp.up_proj", t.intermediate_size, h)
-            + _linear(f"{b}.mlp.down_proj", h, t.intermediate_size)
+    mlp = _gated_mlp(f"{b}.mlp", t.intermediate_size, h) if t.moe is None else _sparse_mlp(p, b, fused_experts)
+    return (mlp
             + [TensorSpec(f"{b}.input_layernorm.weight", (h,), ZERO_CENTRED_NORM),
                TensorSpec(f"{b}.post_attention_layernorm.weight", (h,), ZERO_CENTRED_NORM)])
 
@@ -112,7 +137,7 @@ def _text_specs(p: ModelPreset) -> list[TensorSpec]:
     for n in ("mtp.pre_fc_norm_embedding", "mtp.pre_fc_norm_hidden", "mtp.norm"):
         specs.append(TensorSpec(f"{n}.weight", (h,), ZERO_CENTRED_NORM))
     for i in range(t.linear.mtp_layers):
-        specs += _full_attention_specs(p, f"mtp.layers.{i}") + _mlp_and_norms(p, f"mtp.layers.{i}")
+        specs += _full_attention_specs(p, f"mtp.layers.{i}") + _mlp_and_norms(p, f"mtp.layers.{i}", fused_experts=False)
     return specs
 
 
@@ -144,6 +169,12 @@ def build_text_config(p: ModelPreset, dtype: str) -> dict:
         "partial_rotary_factor": la.partial_rotary_factor, "rms_norm_eps": t.rms_norm_eps, "rope_parameters": rope,
         "tie_word_embeddings": bool(p.tie_word_embeddings), "use_cache": True, "vocab_size": t.vocab_size,
     }
+    if t.moe is not None:  # Qwen3.5-MoE's text config has no dense intermediate_size
+        del cfg["intermediate_size"]
+        cfg.update(model_type="qwen3_5_moe_text", num_experts=t.moe.num_experts,
+                   num_experts_per_tok=t.moe.num_experts_per_tok, moe_intermediate_size=t.moe.moe_intermediate_size,
+                   shared_expert_intermediate_size=t.moe.shared_expert_intermediate_size,
+                   output_router_logits=False, router_aux_loss_coef=0.001)
     return dict(sorted(cfg.items()))
 
 
@@ -152,7 +183,8 @@ def build_vision_config(p: ModelPreset) -> dict:
     cfg = {
         "deepstack_visual_indexes": [], "depth": v.depth, "hidden_act": v.hidden_act, "hidden_size": v.hidden_size,
         "in_channels": v.in_channels, "initializer_range": 0.02, "intermediate_size": v.intermediate_size,
-        "model_type": "qwen3_5_vision", "num_heads": v.num_heads, "num_position_embeddings": v.num_position_embeddings,
+        "model_type": f"{p.model_type}_vision",  # qwen3_5_vision / qwen3_5_moe_vision
+        "num_heads": v.num_heads, "num_position_embeddings": v.num_position_embeddings,
         "out_hidden_size": v.out_hidden_size, "patch_size": v.patch_size, "spatial_merge_size": v.spatial_merge_size,
         "temporal_patch_size": v.temporal_patch_size,
     }

@@ -13,15 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang.srt.configs.qwen3_5_config import QWEN3_5_ARCH, HybridAttentionConfig, parse_hybrid_attention
+from sglang.srt.configs.qwen3_5_config import (
+    HYBRID_MODEL_TYPES,
+    QWEN3_5_ARCH,
+    QWEN3_5_MOE_ARCH,
+    QWEN3_5_MOE_MODEL_TYPE,
+    HybridAttentionConfig,
+    parse_hybrid_attention,
+)
 
 QWEN3_VL_ARCH = "Qwen3VLForConditionalGeneration"
 QWEN3_VL_MOE_ARCH = "Qwen3VLMoeForConditionalGeneration"
 QWEN2_5_VL_ARCH = "Qwen2_5_VLForConditionalGeneration"
 _MODEL_TYPE_TO_ARCH = {"qwen3_vl": QWEN3_VL_ARCH, "qwen3_vl_moe": QWEN3_VL_MOE_ARCH, "qwen2_5_vl": QWEN2_5_VL_ARCH,
-                       "qwen3_5": QWEN3_5_ARCH}
+                       "qwen3_5": QWEN3_5_ARCH, QWEN3_5_MOE_MODEL_TYPE: QWEN3_5_MOE_ARCH}
 # model types whose vision tower is Qwen3-VL's and whose M-RoPE is interleaved (Qwen3.5: without deepstack)
-_QWEN3_VISION_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")
+_QWEN3_VISION_TYPES = ("qwen3_vl", "qwen3_vl_moe", *HYBRID_MODEL_TYPES)
 _ARCH_TO_MODEL_TYPE = {arch: model_type for model_type, arch in _MODEL_TYPE_TO_ARCH.items()}
 
 
@@ -66,6 +73,9 @@ class MoEConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Qwen3.5-MoE: one shared expert of this width beside the routed ones, its output scaled per token by
+    # sigmoid(shared_expert_gate(x)); 0: none (Qwen3-VL-MoE)
+    shared_expert_intermediate_size: int = 0
 
     def is_sparse_layer(self, layer_id: int) -> bool:
         """A layer gets experts unless listed in mlp_only_layers or off the decoder_sparse_step grid."""
@@ -211,12 +221,40 @@ def _parse_moe(cfg: dict[str, Any]) -> MoEConfig:
     )
 
 
+def _parse_qwen3_5_moe(cfg: dict[str, Any]) -> MoEConfig:
+    """Qwen3.5-MoE's experts, as transformers 5.24 runs them: every decoder layer is sparse (its text
+    config has no dense intermediate_size; a config asking for dense layers is refused, not half-served),
+    the router always renormalizes its top-k weights (the releases carry no norm_topk_prob, and
+    transformers ignores one), and each layer has one shared expert."""
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    if cfg.get("mlp_only_layers") or step != 1:
+        raise ModelConfigError(f"config.json: Qwen3.5-MoE has experts in every layer; text_config asks for dense "
+                               f"layers (mlp_only_layers {cfg.get('mlp_only_layers')}, decoder_sparse_step {step})")
+    key = "shared_expert_intermediate_size"
+    if key not in cfg:
+        raise ModelConfigError(f"config.json: text_config.{key} (the shared expert's width) is missing")
+    shared = _count(key, cfg[key])
+    if shared < 1:
+        raise ModelConfigError(f"config.json: text_config.{key} must be >= 1, got {shared}")
+    moe = _parse_moe(cfg)
+    return MoEConfig(moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size, norm_topk_prob=True,
+                     shared_expert_intermediate_size=shared)
+
+
 def _parse_text(cfg: dict[str, Any], model_type: str) -> TextConfig:
     rope = _rope_params(cfg)
     qwen3 = model_type in _QWEN3_VISION_TYPES
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    hybrid = parse_hybrid_attention(cfg, rope, head_dim) if model_type == "qwen3_5" else None
+    hybrid = parse_hybrid_attention(cfg, rope, head_dim) if model_type in HYBRID_MODEL_TYPES else None
+    if model_type == QWEN3_5_MOE_MODEL_TYPE:
+        moe = _parse_qwen3_5_moe(cfg)
+        # no dense MLP: the width one token's MLP computes (shared expert + its k routed experts), which is
+        # what the memory budget sizes an MLP's transients by
+        intermediate = moe.shared_expert_intermediate_size + moe.num_experts_per_tok * moe.moe_intermediate_size
+    else:
+        moe = _parse_moe(cfg) if model_type == "qwen3_vl_moe" else None
+        intermediate = cfg["intermediate_size"]
     rotary_dim = hybrid.rotary_dim if hybrid is not None else head_dim
     section = tuple(rope.get("mrope_section") or ())
     if not section:
@@ -225,7 +263,7 @@ def _parse_text(cfg: dict[str, Any], model_type: str) -> TextConfig:
         raise ValueError(f"mrope_section {section} must sum to the rotary dim // 2 = {rotary_dim // 2}")
     return TextConfig(
         hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
+        intermediate_size=intermediate,
         num_hidden_layers=cfg["num_hidden_layers"],
         num_attention_heads=heads,
         num_key_value_heads=cfg.get("num_key_value_heads", heads),
@@ -239,7 +277,7 @@ def _parse_text(cfg: dict[str, Any], model_type: str) -> TextConfig:
         # Qwen2-style text models always carry q/k/v biases; Qwen3 ones carry none.
         attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2_5_vl")),
         hidden_act=cfg.get("hidden_act", "silu"),
-        moe=_parse_moe(cfg) if model_type == "qwen3_vl_moe" else None,
+        moe=moe,
         hybrid=hybrid,
     )
 

@@ -1,4 +1,5 @@
-"""Qwen3.5's hybrid text decoder, read from the `text_config` of its `config.json` (model_type `qwen3_5`).
+"""Qwen3.5's hybrid text decoder, read from the `text_config` of its `config.json` (model_type `qwen3_5`,
+and `qwen3_5_moe` for the sparse variant, whose decoder layers are the same apart from the MLP).
 
 Three of every four layers (`full_attention_interval` 4 in the releases) are Gated DeltaNet linear
 attention; the others are full attention with an output gate and rotary on only the first
@@ -14,6 +15,10 @@ from typing import Any
 
 QWEN3_5_ARCH = "Qwen3_5ForConditionalGeneration"
 QWEN3_5_MODEL_TYPE = "qwen3_5"
+# the sparse variant (Qwen3.5-35B-A3B, Qwen3.6-35B-A3B): the same hybrid decoder with MoE MLPs
+QWEN3_5_MOE_ARCH = "Qwen3_5MoeForConditionalGeneration"
+QWEN3_5_MOE_MODEL_TYPE = "qwen3_5_moe"
+HYBRID_MODEL_TYPES = (QWEN3_5_MODEL_TYPE, QWEN3_5_MOE_MODEL_TYPE)
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 # transformers' Qwen3_5TextConfig defaults, applied when a config leaves the field out

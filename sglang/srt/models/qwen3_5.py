@@ -92,9 +92,13 @@ class Qwen3_5DecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(config.hidden_size, config.hybrid, config.rms_norm_eps, tp, dtype)
         else:
             self.self_attn = Qwen3_5Attention(config, layer_id, tp, dtype)
-        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype)
+        self.mlp = self.make_mlp(config, layer_id, tp, dtype)
         self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def make_mlp(self, config: TextConfig, layer_id: int, tp: TPInfo, dtype) -> nn.Module:
+        """The dense MLP; Qwen3.5-MoE's layer (models/qwen3_5_moe.py) builds its sparse block here."""
+        return Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype)
 
     def forward(self, rope, hidden_states, residual, forward_batch, gdn=None):
         """gdn: (seq_lens, per-request layer states, per-request snapshot captures or None) for a
@@ -124,6 +128,8 @@ def request_states(forward_batch) -> list[GDNRequestState]:
 
 
 class Qwen3_5TextModel(nn.Module):
+    layer_cls = Qwen3_5DecoderLayer  # Qwen3.5-MoE's model swaps in its sparse layer
+
     def __init__(self, config: TextConfig, tp: TPInfo = SINGLE_RANK, dtype=None, quant=None):
         super().__init__()
         if config.hybrid is None:
@@ -136,7 +142,7 @@ class Qwen3_5TextModel(nn.Module):
         self.rotary_emb = MRotaryEmbedding(config.hybrid.rotary_dim, config.rope_theta, config.mrope_section,
                                            config.mrope_interleaved)
         self.layers = nn.ModuleList(
-            [Qwen3_5DecoderLayer(config, i, tp, dtype) for i in range(config.num_hidden_layers)])
+            [self.layer_cls(config, i, tp, dtype) for i in range(config.num_hidden_layers)])
         self.norm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         # decoder index -> index among the linear-attention layers (the state's layer axis)
         self.state_index = {layer: j for j, layer in enumerate(config.hybrid.linear_layers)}

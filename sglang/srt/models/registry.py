@@ -10,6 +10,7 @@ _MODELS = {
     "Qwen2_5_VLForConditionalGeneration": "sglang.srt.models.qwen2_5_vl",
     # standalone forward only: the scheduler does not yet give it per-request recurrent states
     "Qwen3_5ForConditionalGeneration": "sglang.srt.models.qwen3_5",
+    "Qwen3_5MoeForConditionalGeneration": "sglang.srt.models.qwen3_5_moe",  # as Qwen3.5 (same state interface)
 }
 
 
