@@ -33,7 +33,9 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 
-QWEN3_VL_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe")
+# Qwen3.5 (and its MoE) places images and videos exactly as Qwen3-VL does (its processor and rope index
+# are Qwen3-VL's); only the special token ids differ, and those are read from config.json
+QWEN3_VL_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 QWEN2_5_VL_MODEL_TYPES = ("qwen2_5_vl",)
 QWEN2_VL_MODEL_TYPES = ("qwen2_vl",)
 SUPPORTED_MROPE_MODEL_TYPES = QWEN3_VL_MODEL_TYPES + QWEN2_5_VL_MODEL_TYPES + QWEN2_VL_MODEL_TYPES

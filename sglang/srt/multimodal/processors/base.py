@@ -104,10 +104,14 @@ _QWEN_VL = "sglang.srt.multimodal.processors.qwen_vl:QwenVLProcessor"
 for _name in (
     "Qwen3VLForConditionalGeneration",
     "Qwen3VLMoeForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
     "Qwen2_5_VLForConditionalGeneration",
     "Qwen2VLForConditionalGeneration",
     "qwen3_vl",
     "qwen3_vl_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
     "qwen2_5_vl",
     "qwen2_vl",
 ):
