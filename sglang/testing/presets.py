@@ -394,6 +394,25 @@ QWEN3_5_PRESETS["qwen3.5-35b-a3b"] = ModelPreset(
     tie_word_embeddings=False, default_dtype="bfloat16", **_QWEN3_PIXELS,
 )
 
+# Qwen3.5-4B (dense). Sources (searched public text): the Megatron model arguments of Qwen/Qwen3.5-4B in THUDM
+# slime's scripts/models/qwen3.5-4B.sh (also copied in forks): 32 layers, hidden 2560, FFN 9216, 16 heads /
+# 4 query groups of kv-channels 256, rotary-percent 0.25, rotary base 1e7, vocab 248320, gated attention
+# output, zero-centred RMSNorm ("layernorm-1p"), tied embeddings (the 27B script unties them, this one does
+# not). The DeltaNet geometry (16 key / 32 value heads of 128, conv kernel 4, full attention every 4th layer)
+# and the vision tower (Qwen3-VL-8B's: 27 x 1152, out_hidden = the text hidden size) are the family's, as
+# issue 49 states them and the 35B-A3B config shows; mrope_section [11, 11, 10] covers the 64 rotary dims.
+QWEN3_5_PRESETS["qwen3.5-4b"] = ModelPreset(
+    name="qwen3.5-4b", family=QWEN3_5, vision=_qwen3_vision(27, 1152, 4304, 2560, ()),
+    text=HybridTextPreset(
+        hidden_size=2560, intermediate_size=9216, num_hidden_layers=32, num_attention_heads=16,
+        num_key_value_heads=4, head_dim=256, vocab_size=QWEN3_5_VOCAB_SIZE, rope_theta=10_000_000.0,
+        mrope_section=(11, 11, 10), mrope_interleaved=True, max_position_embeddings=262144,
+        linear=LinearAttnPreset(_QWEN3_5_MOE_LAYERS * 8, num_key_heads=16, num_value_heads=32, key_head_dim=128,
+                                value_head_dim=128),
+    ),
+    tie_word_embeddings=True, default_dtype="bfloat16", **_QWEN3_PIXELS,
+)
+
 
 def list_presets() -> list[str]:
     return list(PRESETS) + list(QWEN3_5_PRESETS)
