@@ -362,5 +362,6 @@ class SchedulerIOMixin:
         model_paths = self.worker.path_stats()
         return {"paths": {**model_paths,
                           "grammar_compiles": dict(self.grammar_queue.compiles) if self.grammar_queue is not None else {},
-                          "overlap_steps_launched": getattr(self, "num_overlap_launches", 0)},
+                          "overlap_steps_launched": getattr(self, "num_overlap_launches", 0),
+                          "hybrid_prefix": self.kv.hybrid.stats() if self.kv.hybrid is not None else None},
                 "tp_rank_paths": all_gather_pyobj(model_paths, self.tp)}

@@ -45,6 +45,12 @@ class HybridPrefixTracker:
         self.pool = pool
         self.tree = tree
         self.interval = interval
+        # what happened, counted where it happens (/get_server_info "paths.hybrid_prefix")
+        self.counts = {"restored": 0, "captured": 0, "kept_at_release": 0, "given_to_tree": 0, "skipped_no_slot": 0}
+
+    def stats(self) -> dict:
+        return {**self.counts, "snapshot_slots": self.pool.snapshot_slots, "in_tree": self.tree.snapshot_count(),
+                "free": self.pool.available_snapshots(), "track_interval": self.interval}
 
     def _alloc(self) -> int | None:
         slot = self.pool.alloc_snapshot()
@@ -58,6 +64,7 @@ class HybridPrefixTracker:
         req.state_snapshots = []
         if req.cache_len:
             self.pool.queue_copy(req.last_node.snapshot, req.req_pool_idx)
+            self.counts["restored"] += 1
 
     def plan_captures(self, reqs, prefix_lens, extend_lens) -> list[list[tuple[int, int]]]:
         """Per request of an EXTEND batch: (tokens into this step, snapshot slot) to capture."""
@@ -68,7 +75,9 @@ class HybridPrefixTracker:
                 for p in capture_points(req, pre, pre + n, self.interval, self.tree.page_size):
                     slot = self._alloc()
                     if slot is None:
+                        self.counts["skipped_no_slot"] += 1
                         break
+                    self.counts["captured"] += 1
                     req.state_snapshots.append((p, slot))
                     caps.append((p - pre, slot))
             out.append(caps)
@@ -80,13 +89,17 @@ class HybridPrefixTracker:
         taken = getattr(req, "state_snapshots", [])
         req.state_snapshots = []
         for p, slot in taken:
-            if not (cached and p <= len(key) and self.tree.attach_snapshot(key[:p], slot)):
+            if cached and p <= len(key) and self.tree.attach_snapshot(key[:p], slot):
+                self.counts["given_to_tree"] += 1
+            else:
                 self.pool.free_snapshot(slot)
         end = len(key)
         if cached and end > req.cache_len and end % self.tree.page_size == 0:
             slot = self._alloc()
-            if slot is not None:
-                if self.tree.attach_snapshot(key, slot):
-                    self.pool.queue_copy(req.req_pool_idx, slot)  # before the row can be reused: queued in order
-                else:
-                    self.pool.free_snapshot(slot)
+            if slot is None:
+                self.counts["skipped_no_slot"] += 1
+            elif self.tree.attach_snapshot(key, slot):
+                self.pool.queue_copy(req.req_pool_idx, slot)  # before the row can be reused: queued in order
+                self.counts["kept_at_release"] += 1
+            else:
+                self.pool.free_snapshot(slot)

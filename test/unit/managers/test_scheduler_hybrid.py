@@ -219,6 +219,9 @@ def test_multi_turn_chat_resumes_at_the_end_of_the_previous_turn(setup):
     # sampled, never fed) is served from the cache
     assert s.meta[r2]["cached_tokens"] == len(history) - 1
     assert s.outputs[r2] == _greedy_reference(ref, *turn2, NEW)
+    paths = s.sched.get_info()["paths"]["hybrid_prefix"]  # what /get_server_info reports
+    assert paths["restored"] == 1 and paths["kept_at_release"] == 3  # turn 1, the other conversation, turn 2
+    assert paths["captured"] >= 1 and paths["in_tree"] + paths["free"] == paths["snapshot_slots"]
     s.assert_no_leak()
     _assert_snapshots_accounted(s)
 
@@ -269,4 +272,5 @@ def test_disabled_radix_cache_keeps_no_snapshots(setup):
         assert s.meta[rid]["cached_tokens"] == 0
     pool = s.sched.worker.model_runner.state_pool
     assert pool.available_snapshots() == pool.snapshot_slots
+    assert s.sched.get_info()["paths"]["hybrid_prefix"]["captured"] == 0
     s.assert_no_leak()
