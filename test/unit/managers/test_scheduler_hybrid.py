@@ -274,3 +274,23 @@ def test_disabled_radix_cache_keeps_no_snapshots(setup):
     assert pool.available_snapshots() == pool.snapshot_slots
     assert s.sched.get_info()["paths"]["hybrid_prefix"]["captured"] == 0
     s.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- the seed series on Qwen3.5
+@pytest.mark.parametrize("env", [
+    {"SGLANG_VIT_CHUNK_PER_IMAGE": "0"}, {"SGLANG_VIT_PATCH_EMBED_LINEAR": "0"}, {"SGLANG_VIT_FAST_POS_EMBED": "0"},
+    {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1", "SGLANG_VIT_CUDA_GRAPH_BUCKETS": "64,256"},
+], ids=["chunk_per_image_off", "patch_embed_conv", "pos_embed_baseline", "vit_graph_padded"])
+def test_vision_switches_keep_the_tokens(setup, reference, env, monkeypatch):
+    """Each vision-tower switch flipped from its default (the default itself runs in every test above):
+    the Qwen3.5 tower without deepstack takes every path, chunked so that prefill chunks cut images."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    path, _, proc = setup
+    s = InProcessScheduler(path, chunked_prefill_size=7)
+    rids = [s.submit(ids, mm, max_new_tokens=NEW, ignore_eos=True) for ids, mm in _prompts(proc)]
+    s.run_until_idle()
+    assert [s.outputs[r] for r in rids] == reference
+    graph = s.sched.get_info()["paths"]["vit_graph"]
+    assert (graph is not None and graph["replays"] > 0) == ("SGLANG_VIT_ENABLE_CUDA_GRAPH" in env)
+    s.assert_no_leak()
