@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunked-prefill-size", type=int, default=None)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--load-format", default="auto", choices=("auto", "safetensors", "dummy"),
+                    help="dummy: random weights made on the device from config.json alone (timings only)")
     ap.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     args = ap.parse_args(argv)
 
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     runner = ModelRunner(ModelRunnerConfig(model_path=model_path, dtype=args.dtype, device=args.device,
-                                           max_running_requests=max(8, args.batch_size)))
+                                           max_running_requests=max(8, args.batch_size), load_format=args.load_format))
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     prompts = [processor.process(text, images) for _ in range(args.batch_size)]

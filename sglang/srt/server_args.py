@@ -220,6 +220,10 @@ class ServerArgs:
     quantization_param_path: str | None = field(default=None, metadata=_arg(
         "JSON file of per-layer FP8 KV cache scales (vLLM's kv_cache.scaling_factor layout)"))
     revision: str | None = field(default=None, metadata=_arg("hub revision when --model-path is a hub id"))
+    load_format: str = field(default="auto", metadata=_arg(
+        "auto / safetensors: read the checkpoint; dummy: random weights made on the device from config.json alone, "
+        "seeded by --random-seed (outputs are meaningless: for measuring full-size models without their files)",
+        choices=("auto", "safetensors", "dummy")))
     grammar_backend: str = field(default="xgrammar", metadata=_arg(
         "constrained output (json_schema, regex, ebnf, response_format, structural_tag): xgrammar, llguidance, or "
         "none to refuse constraints with a 400 (upstream's outlines is not available)"))

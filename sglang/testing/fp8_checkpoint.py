@@ -181,3 +181,12 @@ def dequantize_folder(src: str | os.PathLike, dst: str | os.PathLike, dtype: tor
             section["dtype" if "dtype" in section else "torch_dtype"] = str(dtype).removeprefix("torch.")
     (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return dst
+
+
+def quantization_config_for(names_and_dims, block: tuple[int, int] = BLOCK) -> dict:
+    """The `quantization_config` `quantize_folder` would write for a checkpoint of these (name, ndim)
+    tensors, without reading any tensor (make_model --config-only --quantize fp8)."""
+    kept = sorted(n[: -len(".weight")] for n, dim in names_and_dims
+                  if not _FUSED_EXPERTS.search(n) and not is_quantized_linear(n)
+                  and n.endswith(".weight") and dim == 2 and "embed" not in n)
+    return {**QUANT_CONFIG, "weight_block_size": list(block), "modules_to_not_convert": kept}

@@ -286,6 +286,32 @@ def build_model(
     return MakeResult(out, False, reason, manifest, time.perf_counter() - t0, threads)
 
 
+def write_config_only(preset: str | ModelPreset, out_dir: str | os.PathLike, dtype: str | None = None,
+                      quantize: str | None = None) -> Path:
+    """config.json, generation and preprocessor configs and the tokenizer files of ``preset``, and no weights:
+    what a server needs with ``--load-format dummy`` (weights made on the device). In seconds for any
+    preset; ``quantize="fp8"`` writes the -FP8 layout's quantization_config."""
+    from sglang.testing.tokenizer_builder import write_tokenizer_files
+
+    p = get_preset(preset)
+    d = resolve_dtype(p, dtype)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = build_config_dict(p, d)
+    if quantize == "fp8":
+        from sglang.testing.fp8_checkpoint import BLOCK, TINY_BLOCK, quantization_config_for
+
+        specs = [(s.name, len(s.shape)) for s in tensor_specs(p)]
+        config["quantization_config"] = quantization_config_for(specs, TINY_BLOCK if p.tiny else BLOCK)
+    elif quantize is not None:
+        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    for name, obj in [("config.json", config), ("generation_config.json", build_generation_config(p)),
+                      ("preprocessor_config.json", build_preprocessor_config(p))]:
+        _write_json(out / name, obj)
+    write_tokenizer_files(out, p.family, model_max_length=p.text.max_position_embeddings)
+    return out
+
+
 def make_model(
     preset: str | ModelPreset,
     out_dir: str | os.PathLike,
@@ -401,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                     help="fp8: text linears and MoE experts as Qwen's -FP8 releases store them (e4m3, 128x128 scales)")
     ap.add_argument("--force", action="store_true", help="regenerate even when --out already holds this model")
+    ap.add_argument("--config-only", action="store_true",
+                    help="only config.json, the tokenizer and processor files, no weights: for --load-format dummy")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--list", action="store_true", help="list presets with parameter counts and exit")
     ap.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES, help=argparse.SUPPRESS)
@@ -421,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
             preset = with_text_layers(preset, args.num_layers)
         except ValueError as e:
             ap.error(str(e))
+    if args.config_only:
+        out = write_config_only(preset, args.out, args.dtype, args.quantize)
+        print(f"wrote {out} (preset {get_preset(preset).name}: config, tokenizer and processor files only; serve it "
+              "with --load-format dummy)")
+        return 0
     r = build_model(
         preset,
         args.out,

@@ -47,6 +47,8 @@ class TpModelWorker:
                 quantization=None if server_args.quantization in (None, "", "none") else server_args.quantization,
                 kv_cache_dtype=server_args.kv_cache_dtype,
                 quantization_param_path=server_args.quantization_param_path,
+                load_format=server_args.load_format,
+                seed=server_args.random_seed,
                 reserved_device_bytes=tuple(cuda_ipc_reserved_bytes(
                     server_args.mm_feature_transport, envs.SGLANG_MM_FEATURE_CACHE_MB.get() << 20, gpu_id,
                     len(server_args.local_tp_ranks())).items()) if device == "cuda" else (),

@@ -55,6 +55,8 @@ class ModelRunnerConfig:
     quantization: str | None = None  # --quantization (a checkpoint's own quantization_config applies regardless)
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype: auto (the model dtype), fp8_e4m3, fp8_e5m2
     quantization_param_path: str | None = None  # --quantization-param-path: FP8 KV cache scales (JSON)
+    load_format: str = "auto"  # --load-format: auto / safetensors, or dummy (weights from config.json alone)
+    seed: int | None = None  # dummy weights' seed (None: the loader's default)
 
 
 class ModelRunner:
@@ -65,7 +67,8 @@ class ModelRunner:
         # vision-tower switches resolved once here, with the server flag beside the environment's
         vit = ViTStrategy.from_env(ulysses_sp=cfg.enable_vit_ulysses_sp, dp_encoder=cfg.mm_enable_dp_encoder,
                                    towers="text" if cfg.language_only else "all")
-        self.model = get_model(cfg.model_path, cfg.dtype, self.device, tp, vit, cfg.quantization)
+        self.model = get_model(cfg.model_path, cfg.dtype, self.device, tp, vit, cfg.quantization, cfg.load_format,
+                               cfg.seed)
         self.model_config = self.model.config
         self.dtype = next(self.model.parameters()).dtype
         text = self.model_config.text
@@ -170,6 +173,8 @@ class ModelRunner:
         """This rank's FP8 KV scales; a file or tensor that cannot be used raises KVScaleError (one line)."""
         if self.cfg.quantization_param_path:
             return param_file_kv_scales(self.cfg.quantization_param_path, tp.rank, num_layers)
+        if self.cfg.load_format == "dummy":  # no checkpoint to read scales from: 1.0
+            return {}
         return checkpoint_kv_scales(((n, t) for n, t in iterate_weights(self.cfg.model_path, lazy=True)
                                      if is_scale_tensor(n)), num_layers)
 

@@ -17,6 +17,7 @@ from sglang.srt.model_loader.weight_utils import LazyWeight, iterate_weights, ma
 from sglang.srt.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
+LOAD_FORMATS = ("auto", "safetensors", "dummy")  # --load-format: the checkpoint's safetensors, or dummy weights
 
 _DTYPES = {
     "float32": torch.float32,
@@ -141,10 +142,16 @@ def get_model(
     tp: TPInfo = SINGLE_RANK,
     vit: ViTStrategy | None = None,
     quantization: str | None = None,
+    load_format: str = "auto",
+    seed: int | None = None,
 ) -> nn.Module:
     """`vit` None resolves the vision-tower switches from the environment here, once per model built
     (`ViTStrategy.from_env`); the model and its layers only see the resolved strategy. `quantization`:
-    `--quantization` (a checkpoint's own quantization_config applies whatever it says)."""
+    `--quantization` (a checkpoint's own quantization_config applies whatever it says). `load_format`:
+    `auto`/`safetensors` read the checkpoint; `dummy` fills the weights on `device` from config.json
+    alone (model_loader/dummy.py; `seed`: its seed)."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"--load-format {load_format!r} is not supported; use one of {', '.join(LOAD_FORMATS)}")
     config = ModelConfig.from_pretrained(model_path)
     torch_dtype = resolve_dtype(dtype, config)
     cls = get_model_class(config.architecture)
@@ -153,14 +160,20 @@ def get_model(
         vit = ViTStrategy.from_env()
     with torch.device(device):
         model = cls(config, tp=tp, dtype=torch_dtype, vit=vit, quant=quant)
-    load_weights(model, iterate_weights(model_path, lazy=True))
+    if load_format == "dummy":
+        from sglang.srt.model_loader.dummy import DEFAULT_SEED, fill_dummy_weights
+
+        fill_dummy_weights(model, DEFAULT_SEED if seed is None else seed)
+    else:
+        load_weights(model, iterate_weights(model_path, lazy=True))
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    logger.info("loaded %s from %s (%s%s, tp %d/%d): %.2f GiB of weights on this rank", config.architecture, model_path,
-                torch_dtype, f", {quant.describe()}" if quant else "", tp.rank, tp.size, weight_bytes / 2**30)
+    logger.info("loaded %s from %s%s (%s%s, tp %d/%d): %.2f GiB of weights on this rank", config.architecture,
+                model_path, " with DUMMY weights (--load-format dummy: outputs are meaningless)" if load_format == "dummy"
+                else "", torch_dtype, f", {quant.describe()}" if quant else "", tp.rank, tp.size, weight_bytes / 2**30)
     if (vit.ulysses_sp or vit.dp_encoder) and tp.size > 1:
         log_replicated_vision_memory(model, tp, "vit-ulysses-sp" if vit.ulysses_sp else "mm-dp-encoder")
     return model.eval()
