@@ -196,13 +196,16 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
 
 
 class MediaServer:
-    """Local HTTP server on 127.0.0.1: /img.png, /big.bin (oversized), /slow (answers late), 404 otherwise."""
+    """Local HTTP server on 127.0.0.1: /img.png, /big.bin (oversized), /slow (answers late), 404 otherwise.
+    `paths` lists every path asked for, in order (what the engine actually fetched)."""
 
     def __init__(self, files: dict[str, bytes], slow_s: float):
         media = self
+        self.paths: list[str] = []
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
+                media.paths.append(self.path)  # list.append is atomic: handler threads need no lock
                 if self.path == "/slow":
                     media.release.wait(slow_s)
                 body = files.get(self.path.lstrip("/"))

@@ -8,6 +8,7 @@ import io
 import os
 import signal
 import threading
+import uuid
 
 import pytest
 import requests
@@ -100,6 +101,26 @@ def test_bad_request_answers_400_naming_the_problem(server, media_server, outsid
     err = r.json()["error"]
     assert phrase.lower() in err["message"].lower(), err["message"]
     assert err["code"] == 400 and err["type"] == "invalid_request_error"
+
+
+def test_the_image_limit_answers_before_any_fetch(server, client, media_server):
+    """One image over --limit-mm-per-prompt (4 here), one of them a URL that would fail (404): the answer is
+    the limit's 400, and the URL was never asked for; within the limit the same URL is fetched (its 404)."""
+    path = f"/limit-{uuid.uuid4().hex}.png"
+    urls = [data_url(PNG)] * 4 + [media_server.url + path]
+    content = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    r = requests.post(server.url + "/v1/chat/completions", timeout=60,
+                      json=chat_body(messages=[{"role": "user", "content": content}]))
+    assert r.status_code == 400, r.text
+    assert "too many images: 5 given, at most 4" in r.json()["error"]["message"]
+    assert "--limit-mm-per-prompt" in r.json()["error"]["message"]
+    assert path not in media_server.paths
+    r = requests.post(server.url + "/v1/chat/completions", timeout=60,
+                      json=chat_body(messages=[{"role": "user", "content": content[1:]}]))
+    assert r.status_code == 400 and "404" in r.json()["error"]["message"], r.text
+    assert path in media_server.paths  # within the limit it is fetched: the check above is what stopped it
+    ok = client.chat.completions.create(model="default", max_tokens=2, temperature=0, messages=image_msg(data_url(PNG)))
+    assert ok.usage.completion_tokens >= 1
 
 
 def test_server_keeps_serving_after_bad_input(server, client, media_server, media_dir):

@@ -194,9 +194,12 @@ class RequestBuilder:
                 raise GenerateError(str(e)) from None
             images = merge_media_sources(sources, images)
             videos = merge_media_sources(video_sources, videos, "video")
+        # The counts are checked here, on the event loop, before `build` fetches or decodes anything: a request
+        # over the limit costs nothing but this parse (the limits are upstream's and vLLM's flags, one value)
         limit = self.server_args.limit_mm_per_prompt
         if len(images) > limit:
-            raise GenerateError(f"too many images: {len(images)} given, at most {limit} per prompt (--limit-mm-per-prompt)")
+            raise GenerateError(f"too many images: {len(images)} given, at most {limit} per prompt "
+                                "(--limit-mm-per-prompt / --limit-mm-data-per-request '{\"image\": N}')")
         vlimit = self.server_args.limit_mm_video_per_prompt
         if len(videos) > vlimit:
             raise GenerateError(f"too many videos: {len(videos)} given, at most {vlimit} per prompt "

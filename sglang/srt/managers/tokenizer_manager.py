@@ -226,17 +226,11 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
         async for out in self.generate_tokenized(tokenized, payload):
             yield out
 
-    async def tokenize_request(self, obj: GenerateReqInput) -> tuple[TokenizedGenerateReqInput, bytes]:
-        """Validates and prepares one request; raises GenerateError (400) naming any problem."""
-        self._raise_if_unhealthy()
-        rid = obj.rid or uuid.uuid4().hex
-        if rid in self.rid_to_state or rid in self._preparing:
-            raise GenerateError(f"request id {rid!r} is already in use")
-        if not obj.created_time:
-            obj.created_time = time.time()
-        self._preparing[rid] = time.monotonic()
+    async def tokenize_request(self, obj: GenerateReqInput, checked=None) -> tuple[TokenizedGenerateReqInput, bytes]:
+        """Validates and prepares one request (`checked`: `_check_request(obj)` if already done); raises
+        GenerateError (400) naming any problem."""
+        rid, checked = checked if checked is not None else self._check_request(obj)
         try:
-            checked = self.builder.check(obj, rid)
             # a grammar is not compiled here: the scheduler ranks compile it (once each) and answer a 400 naming
             # the problem; `check` did the cheap part (size limit, JSON parse, a grammar backend to compile it)
             built = await asyncio.get_running_loop().run_in_executor(self._request_pool, self.builder.build, checked)
@@ -248,6 +242,22 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
             release_unsent(self.builder.take_unsent_shm(rid))  # built, then refused or cancelled: never sent
             if not isinstance(e, GenerateError):
                 self._raise_if_unhealthy()  # shut down under it (pool cancelled): 503, not a 500
+            raise
+
+    def _check_request(self, obj: GenerateReqInput):
+        """(rid, checked request): health, a free rid (registered as preparing), `RequestBuilder.check` (media
+        counts against --limit-mm-per-prompt among them); nothing is fetched or decoded yet."""
+        self._raise_if_unhealthy()
+        rid = obj.rid or uuid.uuid4().hex
+        if rid in self.rid_to_state or rid in self._preparing:
+            raise GenerateError(f"request id {rid!r} is already in use")
+        if not obj.created_time:
+            obj.created_time = time.time()
+        self._preparing[rid] = time.monotonic()
+        try:
+            return rid, self.builder.check(obj, rid)
+        except BaseException:
+            self._forget_preparing(rid)
             raise
 
     async def _encode_remotely(self, tokenized: TokenizedGenerateReqInput) -> tuple[TokenizedGenerateReqInput, bytes]:
@@ -270,8 +280,19 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
         A group's first sample is built (template, tokens, media fetched, decoded, hashed and written to
         shared memory once) and the others are cloned from it with their own rid and seed; the groups
         build concurrently. Returns every sample in group order. A problem with any prompt raises that of
-        the first failing prompt, after whatever the others prepared is released (nothing is sent)."""
-        results = await asyncio.gather(*(self._tokenize_copies(g) for g in groups), return_exceptions=True)
+        the first failing prompt, after whatever the others prepared is released (nothing is sent).
+        Every prompt is checked before any of them starts building, so a prompt over a limit
+        (--limit-mm-per-prompt) refuses the batch before any image of it is fetched or decoded."""
+        checked = []
+        try:
+            for g in groups:
+                checked.append(self._check_request(g[0]))
+        except BaseException:
+            for rid, _ in checked:
+                self._forget_preparing(rid)
+            raise
+        results = await asyncio.gather(*(self._tokenize_copies(g, c) for g, c in zip(groups, checked)),
+                                       return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
             for r in results:
@@ -281,8 +302,9 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
             raise failed
         return [p for r in results for p in r]
 
-    async def _tokenize_copies(self, copies: list[GenerateReqInput]) -> list[tuple[TokenizedGenerateReqInput, bytes]]:
-        first, payload = await self.tokenize_request(copies[0])
+    async def _tokenize_copies(self, copies: list[GenerateReqInput],
+                               checked=None) -> list[tuple[TokenizedGenerateReqInput, bytes]]:
+        first, payload = await self.tokenize_request(copies[0], checked)
         out = [(first, payload)]
         try:
             for copy in copies[1:]:
