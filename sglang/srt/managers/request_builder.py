@@ -27,6 +27,7 @@ from sglang.srt.managers.tokenizer_lanes import TokenizerLanes
 from sglang.srt.environ import envs
 from sglang.srt.multimodal.deferred_decode import deferred_decode_enabled
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
+from sglang.srt.multimodal.image_flight import SharedImageLoader
 from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
 from sglang.srt.multimodal.video_io import VideoLimits
 from sglang.srt.multimodal.transport.cuda_ipc import make_sender, release_unsent
@@ -144,6 +145,13 @@ class RequestBuilder:
         # SGLANG_MM_PRECOMPUTE_HASH; --language-only hashes here always (the encoders' cache key; no pixels later)
         self.precompute_hash = precompute_hash_enabled() or epd
         self.hash_algo = configured_hash_algo()  # SGLANG_MM_HASH_ALGO
+        # single-flight: each distinct image in flight (same URL, or same bytes) is fetched, decoded,
+        # preprocessed and hashed once, by the first request carrying it (multimodal/image_flight.py)
+        self.image_loader = None
+        if self.processor is not None:
+            self.image_loader = SharedImageLoader(self.processor, lambda url: self.fetcher(url), self.hash_algo,
+                                                  self.hash_algo if self.precompute_hash else None)
+            self.processor.image_loader = self.image_loader
 
     def take_unsent_shm(self, rid: str) -> list[str]:
         with self._unsent_lock:
@@ -241,7 +249,7 @@ class RequestBuilder:
             timings: dict[str, float] = {}
             if self.processor is not None:
                 with self.stage_timer.measure(timings, "processor"):
-                    images = list(self.media_pool.map(self._fetch_if_url, req.images)) if req.images else []
+                    images = list(req.images)  # URLs are fetched by the image loader, once per URL in flight
                     videos = list(self.media_pool.map(self._fetch_video_if_url, req.videos)) if req.videos else []
                     extra = {"image_config": req.image_config} if req.image_config is not None else {}
                     if videos or req.video_config is not None:
@@ -370,9 +378,6 @@ class RequestBuilder:
             raise GenerateError(f"an output constraint after reasoning needs {end} to be one token, and this "
                                 f"tokenizer splits it in {len(ids)}; drop the constraint or the reasoning")
         return ids[0]
-
-    def _fetch_if_url(self, src: Any) -> Any:
-        return self.fetcher(src) if is_http_url(src) else src
 
     def _fetch_video_if_url(self, src: Any) -> Any:
         return self.fetcher(src, "video") if is_http_url(src) else src

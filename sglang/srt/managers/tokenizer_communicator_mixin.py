@@ -57,6 +57,8 @@ class TokenizerCommunicatorMixin:
         # SGLANG_MM_UINT8_PIXELS as the request builder resolved it (the carrier this server sends)
         info["mm_uint8_pixels"] = bool(getattr(getattr(self.builder, "processor", None), "uint8_pixels", False))
         info["mm_uint8_items"] = getattr(self.builder, "num_uint8_items", 0)  # what was sent, not the setting
+        if getattr(self.builder, "image_loader", None) is not None:  # single-flight: images processed vs shared
+            info.update(self.builder.image_loader.stats())
         if getattr(self.builder, "ipc", None) is not None:
             info.update(self.builder.ipc.stats())
         if getattr(self, "epd", None) is not None:  # --language-only: each encoder's work in flight and failures

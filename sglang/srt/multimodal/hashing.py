@@ -105,6 +105,11 @@ def _digest(algo: str, header: bytes, data=b"") -> int:
     raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
 
 
+def content_digest(data: bytes, algo: str = DEFAULT_HASH_ALGO) -> int:
+    """Digest of an encoded file's bytes (the single-flight key of an image source, `image_flight.py`)."""
+    return _digest(algo, b"content|", data)
+
+
 def encoded_image_hash(enc: EncodedImage, algo: str = DEFAULT_HASH_ALGO) -> int:
     """Hash of a deferred image (SGLANG_GPU_IMAGE_DECODE): its compressed bytes plus the target grid
     and the preprocessing config, so the same file sized or normalized differently never matches."""

@@ -44,6 +44,9 @@ class BaseMultimodalProcessor(ABC):
     #: recipe (`PixelNorm`) that turns them into pixel values where the vision tower runs (set by the
     #: request builder).
     uint8_pixels: bool = False
+    #: images fetched, decoded, preprocessed and hashed once per distinct image in flight
+    #: (`image_flight.SharedImageLoader`, set by the request builder); None: each image on its own.
+    image_loader: Any = None
 
     def __init__(
         self,

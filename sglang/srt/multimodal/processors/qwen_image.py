@@ -302,6 +302,7 @@ class ProcessedImage:
     pixel_values: np.ndarray | EncodedImage  # float32 patches, or (H, W, 3) uint8 when `norm` is set
     grid_thw: tuple[int, int, int]
     norm: PixelNorm | None = None
+    hash: int | None = None  # the item hash, when computed with the image (`image_flight.SharedImageLoader`)
 
 
 def load_and_process_image(

@@ -254,10 +254,12 @@ class QwenVLProcessor(BaseMultimodalProcessor):
                 f"the prompt has {len(video_pos)} video placeholder(s) "
                 f"(<|vision_start|><|video_pad|><|vision_end|>) but {len(videos)} video(s) were given"
             )
-        jobs = [(Modality.IMAGE, i, src) for i, src in enumerate(images)]
-        jobs += [(Modality.VIDEO, i, src) for i, src in enumerate(videos)]
+        jobs, alias = self._image_jobs(images)
+        n_image_jobs = len(jobs)
+        jobs += [(Modality.VIDEO, i, src, None) for i, src in enumerate(videos)]
         one = lambda job: self._load_one(job, len(images), len(videos), image_config, video_config, fetcher)  # noqa: E731
-        processed = list(executor.map(one, jobs)) if executor is not None and len(jobs) > 1 else [one(j) for j in jobs]
+        done = list(executor.map(one, jobs)) if executor is not None and len(jobs) > 1 else [one(j) for j in jobs]
+        processed = [done[j] for j in alias] + done[n_image_jobs:]  # images (duplicates share), then videos
 
         out_ids: list[int] = []
         items: list[MultimodalDataItem] = []
@@ -295,19 +297,49 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         )
         return out_ids, mm_inputs
 
+    def _image_jobs(self, images: list) -> tuple[list[tuple], list[int]]:
+        """(one load job per distinct image, the job index of every image). With an `image_loader`
+        (`image_flight.SharedImageLoader`) each image is identified first (URL, or its bytes' digest) and an
+        image identical to an earlier one of the request takes that one's job, so it is processed once;
+        without one every image is its own job."""
+        loader = self.image_loader
+        jobs: list[tuple] = []
+        alias: list[int] = []
+        first: dict = {}
+        for i, src in enumerate(images):
+            key = None
+            if loader is not None:
+                try:
+                    key, src = loader.identify(src)
+                except ValueError as e:  # unreadable source: the 400 its load would have given
+                    if len(images) <= 1:
+                        raise
+                    raise _named(e, Modality.IMAGE, i) from e
+            j = first.get(key) if key is not None else None
+            if j is None:
+                j = len(jobs)
+                jobs.append((Modality.IMAGE, i, src, key))
+                if key is not None:
+                    first[key] = j
+            alias.append(j)
+        if loader is not None:
+            loader.note_duplicates(len(images) - len(jobs))
+        return jobs, alias
+
     def _load_one(self, job, n_images: int, n_videos: int, image_config, video_config, fetcher):
-        kind, idx, src = job
+        kind, idx, src, key = job
         try:
             if kind == Modality.IMAGE:
+                if self.image_loader is not None:  # shared with concurrent requests carrying the same image
+                    return self.image_loader.load(key, src, image_config)
                 return self.load_and_process_image(src, image_config)
             cfg = video_config or self.video_processor
             return load_and_process_video(src, cfg, allowed_local_media_path=self.allowed_local_media_path,
                                           limits=self.video_limits, fetcher=fetcher, uint8=self.uint8_pixels)
         except ValueError as e:  # ImageLoadError, VideoLoadError, MultimodalInputError, SmartResizeError
-            many = n_images > 1 if kind == Modality.IMAGE else n_videos > 1
-            if not many:
+            if (n_images if kind == Modality.IMAGE else n_videos) <= 1:
                 raise
-            raise type(e)(f"{kind.value} {idx}: {e}") from e
+            raise _named(e, kind, idx) from e
 
     def _expand_image(self, pim: ProcessedImage, out_ids: list[int]) -> MultimodalDataItem:
         t, gh, gw = pim.grid_thw
@@ -317,7 +349,7 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         feature = pim.pixel_values if isinstance(pim.pixel_values, EncodedImage) else torch.from_numpy(pim.pixel_values)
         return MultimodalDataItem(modality=Modality.IMAGE, feature=feature, image_grid_thw=(int(t), int(gh), int(gw)),
                                   offsets=[(start, start + n_tok)], spatial_merge_size=self.spatial_merge_size,
-                                  pixel_norm=pim.norm)
+                                  pixel_norm=pim.norm, hash=pim.hash)
 
     def _expand_video(self, pv: ProcessedVideo, out_ids: list[int]) -> MultimodalDataItem:
         return expand_video(pv, out_ids, self.spatial_merge_size, self.video_token_id, self.vision_start_token_id,
@@ -337,6 +369,11 @@ class QwenVLProcessor(BaseMultimodalProcessor):
             if len(self._timestamp_ids) < 65536:
                 self._timestamp_ids[text] = ids
         return list(ids)
+
+
+def _named(e: ValueError, kind: Modality, idx: int) -> ValueError:
+    """The same error naming which of a request's images (videos) failed."""
+    return type(e)(f"{kind.value} {idx}: {e}")
 
 
 __all__ = [

@@ -1,0 +1,93 @@
+"""Each distinct image in flight is fetched, decoded, preprocessed and hashed once.
+
+`SharedImageLoader` sits between a processor and its per-image work (`load_and_process_image`):
+
+- **Identity** (`identify`, cheap, on the request's own thread): an http(s) URL is its own key (the same
+  URL in concurrent requests is fetched once); every other encoded source (bytes, base64, data URL, an
+  allowed local file) is read to its bytes and keyed by their length and digest, so the same picture sent
+  as base64 by one client and as a data URL by another is one image. A PIL image has no encoded form and
+  no key: it is processed on its own, as before.
+- **Within a request** the processor maps each distinct key once and gives every duplicate the first
+  one's result (`QwenVLProcessor.process`), whatever the timing.
+- **Across requests** (`load`) a `SingleFlight` keyed by (identity, image processor config) lets the first
+  request do the work while concurrent ones wait for its `ProcessedImage`; a failure (a 404, a corrupt
+  file) is raised in every one of them, each answering the same 400. Nothing is kept once the work is done.
+- **Hash.** With the tokenizer precomputing hashes, the item hash (`hashing.item_hash`, the one
+  `precompute_item_hashes` would compute from the same pixels) is computed inside the flight, once.
+
+The digest that keys bytes uses the server's image hash algorithm (SGLANG_MM_HASH_ALGO): the key is as
+strong as the cache key the image gets anyway. Shared results are read-only by contract: the pixels of one
+`ProcessedImage` may back items of several requests (transports copy them, nothing writes them in place).
+
+Designed to move as is into preprocessing worker processes: `identify` and the flight stay where requests
+arrive, `_load` is the part a worker would run.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Hashable
+
+from sglang.srt.multimodal.hashing import content_digest, item_hash
+from sglang.srt.multimodal.image_io import ImageLoadError, load_image_bytes
+from sglang.srt.multimodal.media_fetch import is_http_url
+from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
+from sglang.srt.utils.single_flight import SingleFlight
+
+
+class SharedImageLoader:
+    def __init__(self, processor, fetcher=None, key_algo: str = "xxh3_128", hash_algo: str | None = None):
+        """`processor`: has `load_and_process_image(source, cfg)` and `allowed_local_media_path`; `fetcher`:
+        url -> bytes (None: URLs are refused); `key_algo`: digest of the bytes keys; `hash_algo`: the item
+        hash computed in the flight (None: left to the caller, e.g. the scheduler's baseline sha256)."""
+        self.processor = processor
+        self.fetcher = fetcher
+        self.key_algo = key_algo
+        self.hash_algo = hash_algo
+        self.flight = SingleFlight()
+        self._lock = threading.Lock()
+        self.duplicates = 0  # images that reused an identical image of the same request
+
+    def identify(self, source: Any) -> tuple[Hashable | None, Any]:
+        """(key or None, the source to load: the bytes read for it when there are any). Raises
+        ImageLoadError (a 400) for a source that cannot be read, as loading it would."""
+        if is_http_url(source):
+            url = source.strip()
+            return ("url", url), url
+        data = load_image_bytes(source, allowed_local_media_path=self.processor.allowed_local_media_path)
+        if data is None:  # a PIL image
+            return None, source
+        return ("bytes", len(data), content_digest(data, self.key_algo)), data
+
+    def load(self, key: Hashable | None, source: Any, cfg=None):
+        """The `ProcessedImage` of `source` under `cfg` (None: the processor's own config), shared with
+        concurrent loads of the same key and config (no config and the processor's own are one)."""
+        same = cfg if cfg is not None else getattr(self.processor, "image_processor", None)
+        return self.flight.run(None if key is None else (key, same), lambda: self._load(source, cfg))
+
+    def note_duplicates(self, n: int) -> None:
+        if n:
+            with self._lock:
+                self.duplicates += n
+
+    def stats(self) -> dict[str, int]:
+        """`mm_images_processed`: images fetched, decoded and preprocessed; `mm_images_shared`: images that
+        took another's result (a concurrent request's, or an identical one in the same request)."""
+        with self._lock:
+            dup = self.duplicates
+        return {"mm_images_processed": self.flight.leaders, "mm_images_shared": self.flight.joined + dup}
+
+    def _load(self, source: Any, cfg):
+        if is_http_url(source):
+            if self.fetcher is None:
+                raise ImageLoadError("loading images from http(s) URLs is not enabled here: pass the image as "
+                                     "base64, a data URL or raw bytes")
+            source = self.fetcher(source)
+        pim = self.processor.load_and_process_image(source, cfg)
+        if self.hash_algo is not None:
+            item = MultimodalDataItem(Modality.IMAGE, pim.pixel_values, tuple(pim.grid_thw), pixel_norm=pim.norm)
+            pim.hash = item_hash(item, self.hash_algo)
+        return pim
+
+
+__all__ = ["SharedImageLoader"]
