@@ -74,6 +74,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "            uint8=self.uint8_pixels,\n", "            uint8=False,\n",
            ("test/unit/multimodal/transport/test_uint8_wire.py"
             "::test_item_bytes_are_an_eighth_for_images_a_quarter_for_videos",)),
+    Mutant("still-images-sent-as-pairs", "SGLANG_MM_COMPACT_STILL_IMAGES", "sglang/srt/multimodal/processors/qwen_vl.py",
+           "        if self.compact_still_images:  # one temporal frame per patch row, on every path below\n",
+           "        if False:\n",
+           ("test/unit/multimodal/test_compact_still_images.py::test_the_request_builder_reads_the_switch",
+            "test/unit/models/test_compact_still_images_parity.py::test_compact_prompt_logits_match_transformers")),
     Mutant("dp-encoder-every-rank-encodes-all", "--mm-enable-dp-encoder", "sglang/srt/models/vlm_base.py",
            "        if self.vision_dp is None:\n", "        if True:\n",
            ("test/unit/models/test_vlm_base_switch.py::test_dp_encoder_runs_only_this_ranks_share",)),

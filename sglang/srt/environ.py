@@ -135,6 +135,11 @@ envs.add("SGLANG_MM_UINT8_PIXELS", False, _parse_bool,
          "Images and video frames cross processes as uint8 after resize, with the recipe to normalize them; the "
          "rescale, normalize and patchify run in float32 where the vision tower runs, bit-identical to the "
          "processor's (0: baseline, float32 pixel_values made in the tokenizer process).")
+envs.add("SGLANG_MM_COMPACT_STILL_IMAGES", False, _parse_bool,
+         "A still image travels and is embedded as one temporal frame instead of the duplicated pair: patch rows "
+         "of C*P*P values, and the vision tower's patch embedding folds its kernel over the temporal axis (exact "
+         "in exact arithmetic); half the pixel bytes and patch-embed FLOPs per image. Videos are unchanged "
+         "(0: baseline, every still image repeated over temporal_patch_size frames).")
 envs.add("SGLANG_VIT_CHUNK_PER_IMAGE", True, _parse_bool,
          "Chunked prefill encodes only the images overlapping each chunk, cached per image hash (0: baseline, "
          "the first chunk touching any image encodes all of the request's images, cached under their combined hash).")

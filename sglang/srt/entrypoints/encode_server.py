@@ -40,7 +40,7 @@ from sglang.srt.disaggregation.encode_protocol import ENCODE_PATH, REGISTER_PATH
 from sglang.srt.disaggregation.encode_wire import (WireError, content_key, decode_request_body, embedding_frames,
                                                    mac_key)
 from sglang.srt.disaggregation.model_identity import model_identity
-from sglang.srt.multimodal.mm_types import EncodedImage
+from sglang.srt.multimodal.mm_types import EncodedImage, Modality
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -242,6 +242,7 @@ def check_item(index: int, item, vcfg, max_pixels: int | None = None) -> None:
     p, tp, m = vcfg.patch_size, vcfg.temporal_patch_size, vcfg.spatial_merge_size
     t, h, w = item.image_grid_thw
     feature = item.feature
+    still = item.modality == Modality.IMAGE and t == 1
 
     def need(cond: bool, what: str) -> None:
         if not cond:
@@ -253,10 +254,13 @@ def check_item(index: int, item, vcfg, max_pixels: int | None = None) -> None:
         need(max_pixels is None or h * p * w * p <= max_pixels, f"target size {feature.target_hw} is over the "
              f"image processor's {max_pixels} pixels")
     elif item.pixel_norm is None:
-        need(tuple(feature.shape) == (t * h * w, 3 * tp * p * p), f"pixel_values of shape {tuple(feature.shape)}")
+        # a still image may come compact (SGLANG_MM_COMPACT_STILL_IMAGES on the sender): one frame per patch row
+        widths = (3 * tp * p * p, 3 * p * p) if still else (3 * tp * p * p,)
+        need(tuple(feature.shape) in [(t * h * w, wd) for wd in widths], f"pixel_values of shape {tuple(feature.shape)}")
     else:
         n = item.pixel_norm
-        need((n.patch_size, n.temporal_patch_size, n.merge_size) == (p, tp, m), "the pixel recipe's patch sizes differ")
+        need((n.patch_size, n.merge_size) == (p, m) and n.temporal_patch_size in ((tp, 1) if still else (tp,)),
+             "the pixel recipe's patch sizes differ")
         if n.kind == "image":
             need(t == 1 and tuple(feature.shape) == (h * p, w * p, 3), f"uint8 image of shape {tuple(feature.shape)}")
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
@@ -18,8 +19,32 @@ from sglang.srt.layers.linear import (
 from sglang.srt.layers.checkpoint_tensor import materialize
 
 
+def fold_temporal(weight: torch.Tensor, in_channels: int, temporal_patch_size: int) -> torch.Tensor:
+    """A patch kernel (out, C*T*P*P) or (out, C, T, P, P) summed over its temporal axis: (out, C*P*P) or
+    (out, C, 1, P, P). A still image's patch holds T identical frames, so W . [x, .., x] = (sum_t W_t) . x:
+    one frame against the folded kernel gives the same embedding in exact arithmetic (summed in float32,
+    then stored in the weight's dtype). Computed per call from the live weight, so a weight update is seen."""
+    out = weight.shape[0]
+    folded = weight.float().reshape(out, in_channels, temporal_patch_size, -1).sum(dim=2)
+    shape = (out, in_channels, 1, *weight.shape[3:]) if weight.dim() == 5 else (out, -1)
+    return folded.reshape(shape).to(weight.dtype)
+
+
+def _row_kind(pixel_values: torch.Tensor, full: int, temporal_patch_size: int) -> bool:
+    """True for compact still-image rows (C*P*P values: SGLANG_MM_COMPACT_STILL_IMAGES), False for full
+    rows (C*T*P*P). Any other width is refused: viewing it as full rows would embed garbage silently."""
+    width = pixel_values.shape[-1]
+    if pixel_values.dim() == 2 and width == full:
+        return False
+    if pixel_values.dim() == 2 and temporal_patch_size > 1 and width * temporal_patch_size == full:
+        return True
+    raise ValueError(f"patch_embed: pixel rows of shape {tuple(pixel_values.shape)}; expected (n, {full}) or, for "
+                     f"compact still images, (n, {full // temporal_patch_size})")
+
+
 class Conv3dPatchEmbed(nn.Module):
-    """Baseline patch embedding: a Conv3d whose kernel equals its stride, applied per flattened patch."""
+    """Baseline patch embedding: a Conv3d whose kernel equals its stride, applied per flattened patch. Compact
+    still-image rows (one frame) go through the same convolution with the kernel folded over time."""
 
     def __init__(self, patch_size: int, temporal_patch_size: int, in_channels: int, embed_dim: int, bias: bool, dtype=None):
         super().__init__()
@@ -31,8 +56,13 @@ class Conv3dPatchEmbed(nn.Module):
             p.requires_grad_(False)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        x = pixel_values.view(-1, *self.shape).to(self.proj.weight.dtype)
-        return self.proj(x).view(-1, self.embed_dim)
+        c, t, p, _ = self.shape
+        if not _row_kind(pixel_values, c * t * p * p, t):
+            x = pixel_values.view(-1, *self.shape).to(self.proj.weight.dtype)
+            return self.proj(x).view(-1, self.embed_dim)
+        x = pixel_values.view(-1, c, 1, p, p).to(self.proj.weight.dtype)
+        w = fold_temporal(self.proj.weight, c, t)
+        return F.conv3d(x, w, self.proj.bias, stride=(1, p, p)).view(-1, self.embed_dim)
 
 
 class _ConvWeightLinear(ReplicatedLinear):
@@ -72,8 +102,13 @@ class LinearPatchEmbed(nn.Module):
         self.proj = _ConvWeightLinear(self.shape, embed_dim, bias=bias, dtype=dtype)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        x = pixel_values.view(-1, self.proj.in_features).to(self.proj.weight.dtype)
-        return self.proj(x)
+        c, t, _, _ = self.shape
+        if not _row_kind(pixel_values, self.proj.in_features, t):
+            x = pixel_values.view(-1, self.proj.in_features).to(self.proj.weight.dtype)
+            return self.proj(x)
+        # compact still-image rows: one frame against the kernel folded over time (half the FLOPs)
+        x = pixel_values.to(self.proj.weight.dtype)
+        return F.linear(x, fold_temporal(self.proj.weight, c, t), self.proj.bias)
 
 
 def make_patch_embed(

@@ -117,6 +117,7 @@ class RequestBuilder:
             # gpu-jpeg-decode; --language-only: plain JPEGs travel to the encoders compressed, decoded there
             self.processor.deferred_jpeg = server_args.language_only or deferred_decode_enabled(server_args.resolved_device())
             self.processor.uint8_pixels = envs.SGLANG_MM_UINT8_PIXELS.get()  # mm-uint8-pixels
+            self.processor.compact_still_images = envs.SGLANG_MM_COMPACT_STILL_IMAGES.get()  # one frame per image
             self.processor.video_limits = VideoLimits(max_frame_pixels=envs.SGLANG_VIDEO_MAX_FRAME_PIXELS.get(),
                                                       max_duration_s=envs.SGLANG_VIDEO_MAX_SECONDS.get(),
                                                       max_sampled_bytes=envs.SGLANG_VIDEO_MAX_BYTES.get())

@@ -54,6 +54,9 @@ class TokenizerCommunicatorMixin:
         info = merge_server_infos([dict(o.info) for o in outs])
         info["shm_fallback_count"] = self.builder.shm_fallback_count
         info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
+        # SGLANG_MM_COMPACT_STILL_IMAGES as the request builder resolved it (still images sent as one frame)
+        info["mm_compact_still_images"] = bool(getattr(getattr(self.builder, "processor", None),
+                                                       "compact_still_images", False))
         # SGLANG_MM_UINT8_PIXELS as the request builder resolved it (the carrier this server sends)
         info["mm_uint8_pixels"] = bool(getattr(getattr(self.builder, "processor", None), "uint8_pixels", False))
         info["mm_uint8_items"] = getattr(self.builder, "num_uint8_items", 0)  # what was sent, not the setting

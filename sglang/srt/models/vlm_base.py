@@ -14,6 +14,7 @@ from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 from sglang.srt.layers.quantization.kv_cache import is_scale_tensor
 from sglang.srt.multimodal.deferred_decode import materialize_pixels
 from sglang.srt.multimodal.mm_types import EncodedImage
+from sglang.srt.multimodal.still_images import concat_pixel_rows, widen_still_rows
 
 
 class QwenVLForConditionalGenerationBase(nn.Module):
@@ -132,10 +133,14 @@ class QwenVLForConditionalGenerationBase(nn.Module):
             per_item[i].append(emb)
         return [parts[0] if len(parts) == 1 else torch.cat(parts, dim=0) for parts in per_item]
 
-    @staticmethod
-    def _pixels(items: list, device) -> torch.Tensor:
+    def _pixels(self, items: list, device) -> torch.Tensor:
         # SGLANG_GPU_IMAGE_DECODE (compressed JPEGs), SGLANG_MM_UINT8_PIXELS (uint8 after the resize)
         if any(isinstance(it.feature, EncodedImage) or getattr(it, "pixel_norm", None) is not None
                for it in items):
-            return materialize_pixels(items, device)
-        return torch.cat([torch.as_tensor(it.feature).to(device) for it in items], dim=0)
+            pixels = materialize_pixels(items, device)
+        else:  # compact still images (SGLANG_MM_COMPACT_STILL_IMAGES) beside full rows are widened
+            pixels = concat_pixel_rows([torch.as_tensor(it.feature).to(device) for it in items])
+        if self.vit_graph is not None:  # the ViT CUDA graphs were captured on full-width rows
+            v = self.config.vision
+            pixels = widen_still_rows(pixels, v.in_channels * v.temporal_patch_size * v.patch_size**2)
+        return pixels

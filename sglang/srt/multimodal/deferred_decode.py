@@ -33,6 +33,7 @@ import torch
 from sglang.srt.multimodal.image_io import ALLOWED_IMAGE_FORMATS, ImageLoadError, load_image
 from sglang.srt.multimodal.jpeg_header import JpegHeaderError, is_jpeg, parse_jpeg_header
 from sglang.srt.multimodal.mm_types import EncodedImage
+from sglang.srt.multimodal.still_images import concat_pixel_rows
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def materialize_pixels(items: list, device) -> torch.Tensor:
     for i, message in errors.items():
         encoded[i].decode_error = message
     parts = [next(decoded) if isinstance(it.feature, EncodedImage) else item_pixels(it, device) for it in items]
-    return torch.cat(parts, dim=0)
+    return concat_pixel_rows(parts)  # compact still images beside full rows are widened (still_images.py)
 
 
 def decode_images(encs: list[EncodedImage], device, errors: dict[int, str] | None = None) -> list[torch.Tensor]:

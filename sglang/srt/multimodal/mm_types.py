@@ -93,7 +93,8 @@ class MultimodalDataItem:
         modality: IMAGE or VIDEO.
         feature: ``pixel_values`` for this item, shape
             ``(num_patches, C * temporal_patch_size * patch_size * patch_size)``,
-            float32 (a torch tensor or numpy array); or an :class:`EncodedImage` (compressed JPEG,
+            float32 (a torch tensor or numpy array; a still image's rows hold one frame, C * P * P values,
+            under SGLANG_MM_COMPACT_STILL_IMAGES); or an :class:`EncodedImage` (compressed JPEG,
             decoded where the vision tower runs: ``multimodal/deferred_decode.py``); or, with
             ``pixel_norm`` set, uint8 pixels after the resize: (H, W, 3) for an image, (F, H, W, 3)
             for a video's sampled frames.

@@ -152,3 +152,25 @@ def test_requests_queued_together_share_one_tower_call_and_fail_alone(encoder, i
         assert torch.equal(alone[2].embeddings[0], y.embeddings[1])
     finally:
         engine.model.get_image_feature = tower
+
+
+def test_compact_still_images_fit_the_tower_and_compact_videos_do_not():
+    """SGLANG_MM_COMPACT_STILL_IMAGES on a language server: still images arrive with one frame per patch row
+    (float32 rows of C*P*P, or a uint8 recipe of one temporal frame) and are accepted; a video never is."""
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.encode_wire import WireError
+    from sglang.srt.entrypoints.encode_server import check_item
+    from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem, PixelNorm
+
+    vcfg = SimpleNamespace(patch_size=16, temporal_patch_size=2, spatial_merge_size=2)
+    norm = PixelNorm("image", 16, 1, 2, (0.5,) * 3, (0.5,) * 3, True, 1 / 255, True)
+    ok = [MultimodalDataItem(Modality.IMAGE, torch.zeros(16, w), (1, 4, 4)) for w in (1536, 768)]
+    ok.append(MultimodalDataItem(Modality.IMAGE, torch.zeros(64, 64, 3, dtype=torch.uint8), (1, 4, 4), pixel_norm=norm))
+    for k, item in enumerate(ok):
+        check_item(k, item, vcfg)
+    bad = [MultimodalDataItem(Modality.VIDEO, torch.zeros(16, 768), (1, 4, 4)),
+           MultimodalDataItem(Modality.IMAGE, torch.zeros(32, 768), (2, 4, 4))]
+    for k, item in enumerate(bad):
+        with pytest.raises(WireError, match="pixel_values of shape"):
+            check_item(k, item, vcfg)

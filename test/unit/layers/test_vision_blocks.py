@@ -1,5 +1,6 @@
 """Linear patch embedding (SGLANG_VIT_PATCH_EMBED_LINEAR) against the baseline Conv3d: same outputs on
-the same checkpoint tensor, and the 5-D conv weight reshaped at load (eager and lazily read)."""
+the same checkpoint tensor, and the 5-D conv weight reshaped at load (eager and lazily read); compact still-image
+rows (SGLANG_MM_COMPACT_STILL_IMAGES) against the kernel folded over time."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sglang.srt.layers.vision_blocks import Conv3dPatchEmbed, LinearPatchEmbed, make_patch_embed
+from sglang.srt.layers.vision_blocks import Conv3dPatchEmbed, LinearPatchEmbed, fold_temporal, make_patch_embed
 from sglang.srt.model_loader.weight_utils import iterate_weights
 
 # (patch, temporal, channels, embed, bias): Qwen3-VL and Qwen2.5-VL layouts, and an odd one
@@ -91,3 +92,50 @@ def test_switch_off_builds_the_baseline_module_with_the_same_parameter_names():
     assert type(on) is LinearPatchEmbed
     assert [n for n, _ in off.named_parameters()] == [n for n, _ in on.named_parameters()]
     assert sum(p.numel() for p in off.parameters()) == sum(p.numel() for p in on.parameters())
+
+
+# ---------------------------------------------------------------------- compact still images
+def _pair_frames(x: torch.Tensor, channels: int, temporal: int) -> torch.Tensor:
+    """Compact rows (one frame) repeated over the temporal patch: the baseline's rows of a still image."""
+    n, w = x.shape
+    return x.view(n, channels, 1, w // channels).expand(n, channels, temporal, w // channels).reshape(n, -1)
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[1] > 1], ids=lambda s: "x".join(map(str, s)))
+def test_one_frame_against_the_folded_kernel_equals_the_pair(shape):
+    """SGLANG_MM_COMPACT_STILL_IMAGES: a compact row (C*P*P) embeds like its duplicated pair (C*T*P*P),
+    through both modules (within float32 rounding: the sum moves from the input to the kernel)."""
+    conv, lin, _ = _pair(*shape)
+    patch, temporal, channels = shape[:3]
+    x = torch.randn(9, channels * patch * patch, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = conv(_pair_frames(x, channels, temporal))
+        for module in (conv, lin):
+            assert module(x).shape == ref.shape
+            assert _rel(module(x), ref) <= 1e-5
+
+
+def test_the_folded_kernel_is_the_sum_over_time():
+    conv, lin, ckpt = _pair(*SHAPES[0])
+    w = ckpt["proj.weight"]
+    assert torch.equal(fold_temporal(conv.proj.weight, 3, 2), (w[:, :, 0] + w[:, :, 1]).unsqueeze(2))
+    assert torch.equal(fold_temporal(lin.proj.weight, 3, 2), (w[:, :, 0] + w[:, :, 1]).reshape(64, -1))
+
+
+def test_the_folded_kernel_follows_a_weight_update():
+    """Folded from the live weight on every call: a weight update (in place) is seen at once."""
+    _, lin, _ = _pair(*SHAPES[0])
+    x = torch.randn(4, 3 * 16 * 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        before = lin(x)
+        lin.proj.weight.mul_(2.0)
+        after = lin(x)
+        assert _rel(after - lin.proj.bias, 2 * (before - lin.proj.bias)) <= 1e-6
+
+
+@pytest.mark.parametrize("width", [3 * 16 * 16 + 1, 3 * 16 * 16 * 4, 3 * 16 * 8])
+def test_other_row_widths_are_refused(width):
+    conv, lin, _ = _pair(*SHAPES[0])
+    for module in (conv, lin):
+        with pytest.raises(ValueError, match="patch_embed: pixel rows of shape"):
+            module(torch.zeros(2, width))

@@ -40,6 +40,9 @@ class BaseMultimodalProcessor(ABC):
     #: SGLANG_GPU_IMAGE_DECODE: plain JPEGs are sized from their header and sent compressed
     #: (set by the request builder; processors that do not support it ignore it).
     deferred_jpeg: bool = False
+    #: SGLANG_MM_COMPACT_STILL_IMAGES: a still image is patchified as one temporal frame (patch rows of
+    #: C*P*P values, not the pair of identical frames); the vision tower folds its kernel to match.
+    compact_still_images: bool = False
     #: SGLANG_MM_UINT8_PIXELS: images and video frames are sent as uint8 after the resize, with the
     #: recipe (`PixelNorm`) that turns them into pixel values where the vision tower runs (set by the
     #: request builder).

@@ -18,6 +18,8 @@ worker threads (PIL resize and numpy release the GIL for the heavy parts).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -212,6 +214,18 @@ class QwenVLImageProcessor:
             "pixel_values": np.concatenate([o[0] for o in outs], axis=0),
             "image_grid_thw": np.asarray([o[1] for o in outs], dtype=np.int64).reshape(-1, 3),
         }
+
+
+@functools.lru_cache(maxsize=64)
+def still_image_config(cfg: QwenVLImageProcessor) -> QwenVLImageProcessor:
+    """`cfg` with a temporal patch of one frame (SGLANG_MM_COMPACT_STILL_IMAGES): a still image patchified by
+    it gives rows of C*P*P values, the first of the T identical frames of each baseline row; its uint8 carrier's
+    `PixelNorm` and a deferred JPEG's config say so too, so every path that finishes the pixels where the tower
+    runs produces the same compact rows. The tower's patch embedding takes them with its kernel summed over the
+    temporal axis (`layers/vision_blocks.py`). Cached: a server sees a few configs (its own and requests')."""
+    if cfg.temporal_patch_size == 1:
+        return cfg
+    return dataclasses.replace(cfg, temporal_patch_size=1)
 
 
 def image_norm_table(cfg) -> np.ndarray:

@@ -59,6 +59,7 @@ from sglang.srt.multimodal.processors.qwen_image import (
     load_and_process_image,
     process_image,
     smart_resize,
+    still_image_config,
 )
 
 
@@ -204,6 +205,8 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         `EncodedImage` (decoded where the vision tower runs; the GPU decoder resizes bicubic only);
         everything else takes the full path."""
         cfg = cfg or self.image_processor
+        if self.compact_still_images:  # one temporal frame per patch row, on every path below
+            cfg = still_image_config(cfg)
         if self.deferred_jpeg and cfg.resample == _RESAMPLE_BICUBIC:
             data = load_image_bytes(source, allowed_local_media_path=self.allowed_local_media_path)
             if data is not None:
