@@ -26,7 +26,6 @@ being generated; memory stays at a few blocks per thread, whatever the model siz
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -38,8 +37,17 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang.testing import hf_configs, model_manifest, qwen3_5_checkpoint
-from sglang.testing import tensor_specs as _vl_specs
+from sglang.testing import model_manifest
+from sglang.testing.model_files import (  # noqa: F401  (re-exported: the public names of this module)
+    QUANTIZE_CHOICES,
+    _write_json,
+    build_config_dict,
+    build_generation_config,
+    build_preprocessor_config,
+    count_parameters,
+    tensor_specs,
+    write_config_only,
+)
 from sglang.testing.presets import QWEN3_5, ModelPreset, get_preset, list_presets, resolve_dtype, with_text_layers
 # the safetensors writer; `_write_weights` calls it through this module's name (tests swap it here)
 from sglang.testing.safetensors_writer import _write_safetensors, plan_shards  # noqa: F401
@@ -58,43 +66,6 @@ from sglang.testing.weight_gen import (  # noqa: F401  (re-exported: the public 
 )
 
 _float32_to_bf16_bits = float32_to_bf16_bits
-
-
-# ----------------------------------------------------------------------------- per family
-# Qwen3.5 (hybrid DeltaNet decoder) is written by qwen3_5_checkpoint.py, the Qwen-VL families by
-# hf_configs.py / tensor_specs.py; these are this module's public names for both.
-
-
-def _files(preset: str | ModelPreset):
-    return qwen3_5_checkpoint if get_preset(preset).family == QWEN3_5 else hf_configs
-
-
-def tensor_specs(preset: str | ModelPreset) -> list[TensorSpec]:
-    """All checkpoint tensors (Hub names, shapes, init kinds), in file order."""
-    p = get_preset(preset)
-    return qwen3_5_checkpoint.tensor_specs(p) if p.family == QWEN3_5 else _vl_specs.tensor_specs(p)
-
-
-def count_parameters(preset: str | ModelPreset, part: str = "all") -> int:
-    """Parameter count of the checkpoint (tied lm_head counted once). ``part``: "all", "vision" or "text"."""
-    p = get_preset(preset)
-    if p.family != QWEN3_5:
-        return _vl_specs.count_parameters(p, part)
-    if part not in ("all", "vision", "text"):
-        raise ValueError(part)
-    return sum(s.numel for s in tensor_specs(p) if part == "all" or ("visual." in s.name) == (part == "vision"))
-
-
-def build_config_dict(preset: str | ModelPreset, dtype: str | None = None) -> dict:
-    return _files(preset).build_config_dict(preset, dtype)
-
-
-def build_generation_config(preset: str | ModelPreset) -> dict:
-    return _files(preset).build_generation_config(preset)
-
-
-def build_preprocessor_config(preset: str | ModelPreset) -> dict:
-    return _files(preset).build_preprocessor_config(preset)
 
 
 # Bump whenever the bytes of a generated model change (values, layout, file set): folders made by
@@ -165,17 +136,6 @@ def _write_weights(
 
 
 # ----------------------------------------------------------------------------- model dir
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-QUANTIZE_CHOICES = ("fp8",)
 
 
 def _identity(p: ModelPreset, seed: int, dtype: str, max_shard_bytes: int, quantize: str | None = None) -> dict:
@@ -284,32 +244,6 @@ def build_model(
     files.append(STAMP_FILE)
     manifest = model_manifest.write(out, identity, files)  # last: the folder is complete
     return MakeResult(out, False, reason, manifest, time.perf_counter() - t0, threads)
-
-
-def write_config_only(preset: str | ModelPreset, out_dir: str | os.PathLike, dtype: str | None = None,
-                      quantize: str | None = None) -> Path:
-    """config.json, generation and preprocessor configs and the tokenizer files of ``preset``, and no weights:
-    what a server needs with ``--load-format dummy`` (weights made on the device). In seconds for any
-    preset; ``quantize="fp8"`` writes the -FP8 layout's quantization_config."""
-    from sglang.testing.tokenizer_builder import write_tokenizer_files
-
-    p = get_preset(preset)
-    d = resolve_dtype(p, dtype)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = build_config_dict(p, d)
-    if quantize == "fp8":
-        from sglang.testing.fp8_checkpoint import BLOCK, TINY_BLOCK, quantization_config_for
-
-        specs = [(s.name, len(s.shape)) for s in tensor_specs(p)]
-        config["quantization_config"] = quantization_config_for(specs, TINY_BLOCK if p.tiny else BLOCK)
-    elif quantize is not None:
-        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
-    for name, obj in [("config.json", config), ("generation_config.json", build_generation_config(p)),
-                      ("preprocessor_config.json", build_preprocessor_config(p))]:
-        _write_json(out / name, obj)
-    write_tokenizer_files(out, p.family, model_max_length=p.text.max_position_embeddings)
-    return out
 
 
 def make_model(
