@@ -45,7 +45,10 @@ STAGES = ("tests", "micro", "serving", "serving2")
 # machine's start-up and give-back). `all` runs the four full stages, not `first`.
 FIRST = "first"
 FIRST_LIMIT = 520
-ALL_STAGES = (FIRST,) + STAGES + ("all",)
+# `anchor`: the session's second call, once `first` passed: full-depth replicas (weights made on the GPU by
+# --load-format dummy) on the anchors' workloads, priority ordered, in one call of the same size.
+ANCHOR = "anchor"
+ALL_STAGES = (FIRST, ANCHOR) + STAGES + ("all",)
 LISTS = {
     "micro": "benchmark/gpu_micro_benchmarks.txt",
     "serving": "benchmark/gpu_serving_benchmarks.txt",
@@ -201,6 +204,46 @@ def first_steps() -> list[Step]:
     ]
 
 
+# full-depth replicas of stage anchor: config, tokenizer and processor files only; weights made on the GPU
+ANCHOR_8B = '"$GPU_CACHE/models/qwen3-vl-8b-config"'
+ANCHOR_4B = '"$GPU_CACHE/models/qwen3-vl-4b-config"'
+# the #36411 shape as far as it is published (unique 1280x720-class images, Qwen3-VL, one H100), with
+# upstream's usual image-benchmark lengths (128 in, 256 out), scaled in count to fit the call
+ANCHOR_SERVING = ("--device cuda --dtype bfloat16 --num-prompts 256 --max-concurrency 64 --random-input-len 128 "
+                  "--random-output-len 256 --warmup 8")
+
+
+def anchor_steps() -> list[Step]:
+    """Stage `anchor`, most valuable first: the decode step and the ViT of a full-depth 8B against their
+    floors, then serving with the overlap scheduler on and off (the A/B), then the seed-002 4B workload."""
+    dummy = "--server-args '--load-format dummy{}'"
+    return [
+        Step("anchor: configs", 15,
+             f'"$PYTHON" -m sglang.testing.make_model --preset qwen3-vl-8b --config-only --out {ANCHOR_8B} && '
+             f'"$PYTHON" -m sglang.testing.make_model --preset qwen3-vl-4b --config-only --out {ANCHOR_4B}',
+             fatal=True, display="qwen3-vl-8b and qwen3-vl-4b config, tokenizer and processor files (no weights)"),
+        Step("anchor: forward", 130,
+             f'"$PYTHON" benchmark/performance/bench_forward.py --model-path {ANCHOR_8B} --load-format dummy '
+             "--device cuda --dtype bfloat16 --decode-batch-sizes 1,32,128 --prefill-batch-sizes 1 --vit-images 20 "
+             '--vit-image-size 960x1280 --mm-attention-backends triton,sdpa --repeat 2 --output "$RAW/anchor-forward.json"',
+             display="full-depth qwen3-vl-8b (dummy bf16): decode ms at batch 1/32/128 vs the bandwidth floor; "
+                     "ViT MFU on 20 x 960x1280 under the triton and sdpa ViT attention (head_dim 72)"),
+        Step("anchor: serving overlap", 110,
+             f'"$PYTHON" benchmark/multimodal/run_hash_serving_ab.py --modes on --model-path {ANCHOR_8B} '
+             f'{dummy.format("")} {ANCHOR_SERVING} --output "$RAW/anchor-serving-overlap.json"',
+             display="#36411-shaped image serving on qwen3-vl-8b: req/s, TTFT median and p99, overlap scheduler on"),
+        Step("anchor: serving no overlap", 110,
+             f'"$PYTHON" benchmark/multimodal/run_hash_serving_ab.py --modes on --model-path {ANCHOR_8B} '
+             f'{dummy.format(" --disable-overlap-schedule")} {ANCHOR_SERVING} '
+             '--output "$RAW/anchor-serving-no-overlap.json"',
+             display="the same with --disable-overlap-schedule (the A/B)"),
+        Step("anchor: seed-002 4B", 80,
+             f'"$PYTHON" benchmark/multimodal/run_hash_serving_ab.py --modes on --model-path {ANCHOR_4B} '
+             f'{dummy.format("")} {ANCHOR_SERVING} --output "$RAW/anchor-serving-4b.json"',
+             display="the seed-002 workload on a full-depth qwen3-vl-4b (dummy), if time is left"),
+    ]
+
+
 _TOKEN = re.compile(r"@([a-z_]+)=(\S+)")
 
 
@@ -231,8 +274,8 @@ def parse_list(path: Path, stage: str) -> list[Step]:
             raise PlanError(f"{where}: no @budget=SECONDS token at the start of the line")
         if not opts["budget"].isdigit() or int(opts["budget"]) < 2:
             raise PlanError(f"{where}: @budget= must be a whole number of seconds >= 2")
-        if "stage" in opts and opts["stage"] not in (FIRST,) + STAGES:
-            raise PlanError(f"{where}: unknown @stage={opts['stage']} (stages: {', '.join((FIRST,) + STAGES)})")
+        if "stage" in opts and opts["stage"] not in (FIRST, ANCHOR) + STAGES:
+            raise PlanError(f"{where}: unknown @stage={opts['stage']} (stages: {', '.join((FIRST, ANCHOR) + STAGES)})")
         if not line:
             raise PlanError(f"{where}: no command after the tokens")
         if opts.get("stage", stage) != stage:
@@ -248,6 +291,8 @@ def stage_steps(stage: str, list_path: Path | None) -> list[Step]:
         return tests_steps()
     if stage == FIRST:
         return first_steps()
+    if stage == ANCHOR:
+        return anchor_steps()
     return parse_list(REPO / LISTS[stage], stage)
 
 
@@ -265,7 +310,7 @@ def build_plan(stage: str, list_path: Path | None = None, install: bool = True,
         budget = STAGE_LIMIT * len(STAGES)
     else:
         steps += stage_steps(stage, list_path)
-        budget = FIRST_LIMIT if stage == FIRST else STAGE_LIMIT
+        budget = FIRST_LIMIT if stage in (FIRST, ANCHOR) else STAGE_LIMIT
     outputs = [f"gpu-check-{stage}.log", f"summary-{stage}.json", f"results-{stage}.tar.gz"]
     for s in steps:
         outputs += [o for o in s.outputs if o not in outputs]

@@ -81,8 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vit-image-size", default="960x1280", help="WxH of each ViT benchmark image")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--output", default=None, help="write the figures as JSON")
+    ap.add_argument("--load-format", default="auto", choices=("auto", "safetensors", "dummy"),
+                    help="dummy: weights made on the device from config.json alone (a config-only folder)")
+    ap.add_argument("--mm-attention-backends", default="",
+                    help="comma list (triton, sdpa): time the ViT under each, beside the default's row")
     args = ap.parse_args(argv)
 
+    from sglang.srt.layers.attention.vision_attention import configure_vision_attention
     from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
     from sglang.srt.model_executor.static_batch import StaticBatchRunner, StaticSeq
     from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
@@ -96,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     kv_tokens = max_bs * (args.decode_context + args.decode_steps + 8) + 16384
     runner = ModelRunner(ModelRunnerConfig(model_path=model_path, dtype=args.dtype, device=args.device,
                                            max_total_tokens=kv_tokens, max_running_requests=max_bs + 1,
-                                           context_length=max(8192, args.decode_context + 64)))
+                                           context_length=max(8192, args.decode_context + 64),
+                                           load_format=args.load_format))
     device, dtype, model = runner.device, runner.dtype, runner.model
     sb = StaticBatchRunner(runner)
     processor = QwenVLProcessor.from_pretrained(model_path)
@@ -177,6 +183,17 @@ def main(argv: list[str] | None = None) -> int:
                       "mfu": flops / t / peaks["peak_flops"]}
         print(f"\nViT: {args.vit_images} images of {w}x{h}, {patches} patches: {t * 1e3:.1f} ms, "
               f"MFU {out['vit']['mfu']:.1%} (target >= {VIT_MFU_TARGET:.0%} on GPU)")
+        out["vit_by_backend"] = {}
+        for backend in [b for b in args.mm_attention_backends.split(",") if b]:
+            configure_vision_attention(model, backend, runner.cfg.attention_fp32_precision)
+            with torch.no_grad():
+                tb = _timed(lambda: model.get_image_feature(items), device, args.repeat)
+            out["vit_by_backend"][backend] = {"ms": tb * 1e3, "mfu": flops / tb / peaks["peak_flops"],
+                                              "head_dim": vcfg.hidden_size // vcfg.num_heads}
+            print(f"ViT, --mm-attention-backend {backend}: {tb * 1e3:.1f} ms, MFU "
+                  f"{out['vit_by_backend'][backend]['mfu']:.1%}")
+        if out["vit_by_backend"]:  # back to the server's own choice
+            configure_vision_attention(model, runner.mm_attention_backend, runner.cfg.attention_fp32_precision)
     if args.output:
         with open(args.output, "w") as f:
             json.dump(out, f, indent=1)

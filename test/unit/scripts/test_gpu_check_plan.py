@@ -293,3 +293,41 @@ def test_no_test_skips_for_want_of_a_module_the_image_lacks():
     assert wanted, "no importorskip found: the pattern is stale"
     covered = set(plan_mod.REQUIRED_MODULES) | set(plan_mod.IMAGE_MODULES) | OPTIONAL_ON_GPU
     assert wanted - covered == set()
+
+
+def test_stage_anchor_fits_one_call_and_puts_the_most_valuable_first(tmp_path):
+    planned, files, budgets, outputs = _dry_run(tmp_path, "--stage", "anchor")
+    assert planned == sum(budgets) <= FIRST_CALL_LIMIT_S
+    assert files == len(outputs) <= JOB_FILE_LIMIT
+    plan = plan_mod.build_plan("anchor")
+    assert plan.stage_budget == FIRST_CALL_LIMIT_S
+    assert [s.name for s in plan.steps] == ["install", "environment", "anchor: configs", "anchor: forward",
+                                            "anchor: serving overlap", "anchor: serving no overlap",
+                                            "anchor: seed-002 4B"]
+
+
+def test_stage_anchor_commands_parse_and_its_config_step_runs_here(tmp_path):
+    """Every flag the anchor steps pass exists (each script's own parser or ServerArgs), the quoted server
+    arguments reach launch_server as one string, and the config step writes weight-free folders in seconds."""
+    import shlex
+
+    from sglang.srt.server_args import ServerArgs
+
+    plan = plan_mod.build_plan("anchor")
+    for step in plan.steps[2:]:
+        for path in re.findall(r"(?:^|\s)((?:benchmark|scripts)/[\w/.-]+)", step.command):
+            assert (REPO / path).exists(), f"{step.name}: {path}"
+        words = shlex.split(step.command.replace('"$PYTHON"', "python"))
+        if "--server-args" in words:
+            extra = shlex.split(words[words.index("--server-args") + 1])
+            args = ServerArgs.from_argv(["--model-path", "x", *extra])
+            assert args.load_format == "dummy"
+            assert args.disable_overlap_schedule == ("no overlap" in step.name)
+    text = (REPO / "benchmark/performance/bench_forward.py").read_text()
+    assert '"--load-format"' in text and '"--mm-attention-backends"' in text
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CACHE": str(tmp_path)}
+    subprocess.run(["bash", "-c", plan.steps[2].command], cwd=REPO, env=env, check=True, capture_output=True)
+    for name in ("qwen3-vl-8b-config", "qwen3-vl-4b-config"):
+        folder = tmp_path / "models" / name
+        assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+        assert not list(folder.glob("*.safetensors"))
