@@ -35,7 +35,9 @@ BLOCK = (128, 128)
 TINY_BLOCK = (16, 16)
 QUANT_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
 # the text decoder's linears; the vision tower's own names (qkv, proj, linear_fc*, mlp.*) never match
-_TEXT_LINEAR = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.weight$")
+# Qwen3.5's Gated DeltaNet: its three large projections; in_proj_a / in_proj_b (one row per value head) stay
+_TEXT_LINEAR = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj"
+                          r"|linear_attn\.(?:in_proj_qkv|in_proj_z|out_proj))\.weight$")
 _INDEX = "model.safetensors.index.json"
 # Qwen3-VL-MoE experts as the bf16 releases fuse them: gate_up_proj [E, H, 2I], down_proj [E, I, H]
 _FUSED_EXPERTS = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.experts\.(?:gate_up_proj|down_proj)$")

@@ -206,8 +206,8 @@ def build_model(
     out = Path(out_dir)
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
-    if quantize is not None and p.family == QWEN3_5:
-        raise ValueError(f"{p.name}: no {quantize} layout is written for Qwen3.5 checkpoints yet")
+    if quantize is not None and p.family == QWEN3_5 and p.text.moe is not None:
+        raise ValueError(f"{p.name}: no {quantize} layout is written for Qwen3.5-MoE checkpoints yet")
     identity = _identity(p, seed, d, max_shard_bytes, quantize)
     if force:
         reason = "forced"

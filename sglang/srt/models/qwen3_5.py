@@ -33,6 +33,7 @@ from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.attention.fla.gated_delta_net import GatedDeltaNet
 from sglang.srt.mem_cache.gdn_state import GDNRequestState, GDNStateShape
 from sglang.srt.layers.layernorm import ZeroCentredRMSNorm
+from sglang.srt.layers.quantization import linear_method
 from sglang.srt.layers.linear import QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import MRotaryEmbedding, apply_rotary
@@ -50,16 +51,19 @@ class Qwen3_5Attention(nn.Module):
     """Gated full attention. q_proj's rows are [query | gate] per head, so the fused projection is
     built with 2 * heads "heads" of head_dim: a rank's share is whole (query, gate) pairs."""
 
-    def __init__(self, config: TextConfig, layer_id: int, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, config: TextConfig, layer_id: int, tp: TPInfo = SINGLE_RANK, dtype=None, quant=None,
+                 prefix: str = "self_attn"):
         super().__init__()
         heads, hd = config.num_attention_heads, config.head_dim
         if heads % tp.size:
             raise ValueError(f"{heads} attention heads do not split over TP {tp.size}")
         self.head_dim = hd
         self.rotary_dim = config.hybrid.rotary_dim
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, hd, 2 * heads, config.num_key_value_heads,
-                                          bias=config.attention_bias, tp=tp, dtype=dtype)
-        self.o_proj = RowParallelLinear(heads * hd, config.hidden_size, bias=config.attention_bias, tp=tp, dtype=dtype)
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, hd, 2 * heads, config.num_key_value_heads, bias=config.attention_bias, tp=tp,
+            dtype=dtype, quant=linear_method(quant, f"{prefix}.qkv_proj", ("q_proj", "k_proj", "v_proj")))
+        self.o_proj = RowParallelLinear(heads * hd, config.hidden_size, bias=config.attention_bias, tp=tp, dtype=dtype,
+                                        quant=linear_method(quant, f"{prefix}.o_proj"))
         self.num_heads = heads // tp.size
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_norm = ZeroCentredRMSNorm(hd, config.rms_norm_eps, dtype)
@@ -85,20 +89,24 @@ class Qwen3_5Attention(nn.Module):
 
 
 class Qwen3_5DecoderLayer(nn.Module):
-    def __init__(self, config: TextConfig, layer_id: int, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, config: TextConfig, layer_id: int, tp: TPInfo = SINGLE_RANK, dtype=None, quant=None):
         super().__init__()
+        prefix = f"model.layers.{layer_id}"
         self.is_linear = config.hybrid.layer_types[layer_id] == LINEAR_ATTENTION
         if self.is_linear:
-            self.linear_attn = GatedDeltaNet(config.hidden_size, config.hybrid, config.rms_norm_eps, tp, dtype)
+            self.linear_attn = GatedDeltaNet(config.hidden_size, config.hybrid, config.rms_norm_eps, tp, dtype,
+                                             quant=quant, prefix=f"{prefix}.linear_attn")
         else:
-            self.self_attn = Qwen3_5Attention(config, layer_id, tp, dtype)
+            self.self_attn = Qwen3_5Attention(config, layer_id, tp, dtype, quant, f"{prefix}.self_attn")
+        self.quant, self.prefix = quant, prefix
         self.mlp = self.make_mlp(config, layer_id, tp, dtype)
         self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
     def make_mlp(self, config: TextConfig, layer_id: int, tp: TPInfo, dtype) -> nn.Module:
         """The dense MLP; Qwen3.5-MoE's layer (models/qwen3_5_moe.py) builds its sparse block here."""
-        return Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype)
+        return Qwen2MLP(config.hidden_size, config.intermediate_size, bias=False, tp=tp, dtype=dtype,
+                        quant=self.quant, prefix=f"{self.prefix}.mlp")
 
     def forward(self, rope, hidden_states, residual, forward_batch, gdn=None):
         """gdn: (seq_lens, per-request layer states, per-request snapshot captures or None) for a
@@ -134,15 +142,13 @@ class Qwen3_5TextModel(nn.Module):
         super().__init__()
         if config.hybrid is None:
             raise ValueError("Qwen3.5 text config without layer types / linear attention geometry")
-        if quant is not None:
-            raise NotImplementedError("quantized Qwen3.5 weights are not supported yet")
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, dtype)
         # shared by all full-attention layers; covers only the rotated dims
         self.rotary_emb = MRotaryEmbedding(config.hybrid.rotary_dim, config.rope_theta, config.mrope_section,
                                            config.mrope_interleaved)
         self.layers = nn.ModuleList(
-            [self.layer_cls(config, i, tp, dtype) for i in range(config.num_hidden_layers)])
+            [self.layer_cls(config, i, tp, dtype, quant) for i in range(config.num_hidden_layers)])
         self.norm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         # decoder index -> index among the linear-attention layers (the state's layer axis)
         self.state_index = {layer: j for j, layer in enumerate(config.hybrid.linear_layers)}

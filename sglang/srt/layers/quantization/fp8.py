@@ -110,6 +110,8 @@ class Fp8LinearMethod:
         bn, bk = self.config.block
         gn, gk = layer.fp8_block
         index = layer.shard_index(shard_id)
+        if index is None and shard_id is None and self._load_fused_scale(layer, layout, param, loaded):
+            return
         if index is None:
             raise QuantizationError(f"{type(layer).__name__}: a fused checkpoint scale tensor is not supported; "
                                     "store q/k/v and gate/up separately")
@@ -127,6 +129,20 @@ class Fp8LinearMethod:
         if part.dst % gn:
             raise QuantizationError(f"{type(layer).__name__}: part {shard_id} starts off its scale grid")
         param.data[part.dst // gn: part.dst // gn + len(rows)].copy_(src)
+
+    def _load_fused_scale(self, layer: nn.Module, layout: LinearLayout, param: nn.Parameter, loaded) -> bool:
+        """A fused checkpoint tensor's scales (Qwen3.5's `in_proj_qkv`: [q | k | v] in one matrix): split
+        by part when every part starts on a block row; False when the layer has no parts or they do not."""
+        shards = tuple(layer.fused_shards()) if hasattr(layer, "fused_shards") else ()
+        bn = self.config.block[0]
+        totals = [layout.parts[layer.shard_index(s)].total for s in shards]
+        if not shards or any(t % bn for t in totals) or loaded.shape[0] != sum(totals) // bn:
+            return False
+        start = 0
+        for s, total in zip(shards, totals):
+            self.load_scale(layer, layout, param, loaded.narrow(0, start, total // bn), s)
+            start += total // bn
+        return True
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         if self.config.serialized:

@@ -33,6 +33,7 @@ from sglang.srt.layers.attention.fla.ops import (
 from sglang.srt.mem_cache.gdn_state import GDNLayerState, GDNStateShape
 from sglang.srt.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.checkpoint_tensor import materialize
+from sglang.srt.layers.quantization import linear_method
 
 
 def _head_sharded_loader(part_sizes: Sequence[int], tp: TPInfo):
@@ -70,7 +71,10 @@ class DepthwiseConv1dWeight(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     def __init__(self, hidden_size: int, cfg: HybridAttentionConfig, rms_norm_eps: float = 1e-6,
-                 tp: TPInfo = SINGLE_RANK, dtype: torch.dtype | None = None, chunk_size: int = 64):
+                 tp: TPInfo = SINGLE_RANK, dtype: torch.dtype | None = None, chunk_size: int = 64, quant=None,
+                 prefix: str = "linear_attn"):
+        """quant: the checkpoint's quantization (block FP8): each projection is quantized unless the checkpoint's
+        modules_to_not_convert keeps it; the conv, A_log, dt_bias and the gated norm are never quantized."""
         super().__init__()
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         if hk % tp.size or hv % tp.size:
@@ -82,15 +86,23 @@ class GatedDeltaNet(nn.Module):
         self.conv_kernel = cfg.linear_conv_kernel_dim
         self.chunk_size = chunk_size
         parts = [cfg.key_dim, cfg.key_dim, cfg.value_dim]  # q | k | v, in the projection and the conv
-        self.in_proj_qkv = MergedColumnParallelLinear(hidden_size, parts, bias=False, tp=tp, dtype=dtype)
-        self.in_proj_z = ColumnParallelLinear(hidden_size, cfg.value_dim, bias=False, tp=tp, dtype=dtype)
-        self.in_proj_b = ColumnParallelLinear(hidden_size, hv, bias=False, tp=tp, dtype=dtype)
-        self.in_proj_a = ColumnParallelLinear(hidden_size, hv, bias=False, tp=tp, dtype=dtype)
+        q = lambda name: linear_method(quant, f"{prefix}.{name}")  # noqa: E731
+        self.in_proj_qkv = MergedColumnParallelLinear(hidden_size, parts, bias=False, tp=tp, dtype=dtype,
+                                                      quant=q("in_proj_qkv"))
+        self.in_proj_z = ColumnParallelLinear(hidden_size, cfg.value_dim, bias=False, tp=tp, dtype=dtype,
+                                              quant=q("in_proj_z"))
+        # beta and the decay projections (one row per value head: nothing to gain from FP8) are quantized only
+        # where a checkpoint stores them so; --quantization fp8 keeps them in the model dtype, as the -FP8
+        # writer (sglang/testing/fp8_checkpoint.py) does
+        small = q if quant is not None and quant.serialized else (lambda name: None)
+        self.in_proj_b = ColumnParallelLinear(hidden_size, hv, bias=False, tp=tp, dtype=dtype, quant=small("in_proj_b"))
+        self.in_proj_a = ColumnParallelLinear(hidden_size, hv, bias=False, tp=tp, dtype=dtype, quant=small("in_proj_a"))
         self.conv1d = DepthwiseConv1dWeight(parts, self.conv_kernel, tp, dtype)
         self.A_log = _sharded_param((self.num_v_heads,), [hv], tp, dtype)
         self.dt_bias = _sharded_param((self.num_v_heads,), [hv], tp, dtype)
         self.norm = GatedRMSNorm(self.head_v_dim, rms_norm_eps, dtype)
-        self.out_proj = RowParallelLinear(cfg.value_dim, hidden_size, bias=False, tp=tp, dtype=dtype)
+        self.out_proj = RowParallelLinear(cfg.value_dim, hidden_size, bias=False, tp=tp, dtype=dtype,
+                                          quant=q("out_proj"))
 
     def state_shape(self, num_layers: int, dtype: torch.dtype) -> GDNStateShape:
         """What each request needs for `num_layers` layers shaped like this one (conv in `dtype`)."""
