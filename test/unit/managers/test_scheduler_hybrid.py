@@ -6,22 +6,23 @@ priority preemption, aborts and the overlap scheduler; nothing leaks (request ro
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from scheduler_utils import InProcessScheduler
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 from sglang.srt.sampling.sampling_params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from qwen3_5_driver import (  # noqa: E402  (the Qwen3.5 test inputs, shared with the model tests)
+    PLACEHOLDER, noise_image as _image, ref_kwargs, text_ids as _text, tiny_processor,
+)
 
 transformers = pytest.importorskip("transformers")
 
-IMAGE_PAD, VISION_START, VISION_END, VIDEO_PAD = 248056, 248053, 248054, 248057
-PLACEHOLDER = [VISION_START, IMAGE_PAD, VISION_END]
 NEW = 5
 _rids = itertools.count()
 
@@ -31,19 +32,7 @@ def setup(tiny_model_dir):
     path = str(tiny_model_dir("qwen3.5-tiny"))
     transformers.logging.set_verbosity_error()
     ref = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-    ip = QwenVLImageProcessor(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3, min_pixels=4 * 32 * 32,
-                              max_pixels=48 * 32 * 32)
-    proc = QwenVLProcessor(None, ip, model_type="qwen3_vl", image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD,
-                           vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
-    return path, ref, proc
-
-
-def _text(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 3000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _image(seed: int, w: int = 96, h: int = 64) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+    return path, ref, tiny_processor()
 
 
 def _prompts(proc):
@@ -57,15 +46,10 @@ def _prompts(proc):
 
 def _greedy_reference(ref, ids: list[int], mm, n: int) -> list[int]:
     """transformers, one full forward per token (no cache: nothing of its own state handling involved)."""
-    kw = {}
-    if mm is not None:
-        kw["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items])
-        kw["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items])
     seq, out = list(ids), []
     for _ in range(n):
-        t = torch.tensor([seq])
         with torch.no_grad():
-            logits = ref(input_ids=t, mm_token_type_ids=(t == IMAGE_PAD).long(), **kw).logits[0, -1]
+            logits = ref(**ref_kwargs(seq, mm)).logits[0, -1]
         out.append(int(logits.argmax()))
         seq.append(out[-1])
     return out

@@ -130,3 +130,12 @@ def runners_with_switch(path: str, env_var: str) -> dict:
             mp.setenv(env_var, "1" if on else "0")
             runners[on] = make_runner(path)
     return runners
+
+
+def fp8_float_activations(self, layer, x):
+    """Fp8LinearMethod.apply with the activations left unquantized (monkeypatched in): an FP8 model then
+    equals the float model its checkpoint stands for, every weight and block scale in its place."""
+    from sgl_kernel.quantization import dequantize_block_fp8
+
+    w = dequantize_block_fp8(layer.weight, layer.weight_scale_inv, layer.fp8_block)
+    return (x.float() @ w.t()).to(x.dtype)

@@ -139,3 +139,47 @@ class Qwen3_5Driver:
             logits.append(self.decode({rid: tokens[-1]})[0])
             tokens.append(int(logits[-1].argmax()))
         return tokens, logits
+
+
+# ----------------------------------------------------------------------------- shared test inputs
+IMAGE_PAD, VISION_START, VISION_END, VIDEO_PAD = 248056, 248053, 248054, 248057  # Qwen3.5's special ids
+PLACEHOLDER = [VISION_START, IMAGE_PAD, VISION_END]
+
+
+def tiny_processor():
+    """Qwen3-VL's placement rules with Qwen3.5's ids and tight pixel limits (images of a few dozen tokens)."""
+    from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
+    from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
+
+    ip = QwenVLImageProcessor(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3, min_pixels=4 * 32 * 32,
+                              max_pixels=48 * 32 * 32)
+    return QwenVLProcessor(None, ip, model_type="qwen3_vl", image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD,
+                           vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+
+
+def text_ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 3000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def noise_image(seed: int, w: int = 96, h: int = 64):
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+
+
+def prompt(kind: str, proc, seed: int = 0):
+    """("text": 90 tokens, across the DeltaNet's 64-token chunk) or ("image": text, one image, text)."""
+    if kind == "text":
+        return text_ids(90, seed), None
+    return proc.process(text_ids(5, seed) + PLACEHOLDER + text_ids(7, seed + 1), [noise_image(seed)])
+
+
+def ref_kwargs(ids: list[int], mm) -> dict:
+    """transformers' forward inputs for a prompt of our processor's ids and images."""
+    t = torch.tensor([ids])
+    kw = {"input_ids": t, "mm_token_type_ids": (t == IMAGE_PAD).long()}
+    if mm is not None and mm.mm_items:
+        kw["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items])
+        kw["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items])
+    return kw

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from parity_utils import (
+    fp8_float_activations,
     PLACEHOLDER, TEST_DEVICE, hf_greedy, hf_inputs, hf_logits, make_runner, noise_image, our_greedy, our_logits, rel_err,
     small_processor,
 )
@@ -27,13 +28,6 @@ transformers = pytest.importorskip("transformers")
 # swaps an expert's output. Measured 0.930 with 16x16 blocks (0.961 with 128x128, one block per matrix);
 # the exact block indexing is proven by test_weights_alone_equal_the_dequantized_model (1e-4).
 MIN_PEARSON_MOE_TINY = 0.90
-
-
-def _float_activations(self, layer, x):
-    from sgl_kernel.quantization import dequantize_block_fp8
-
-    w = dequantize_block_fp8(layer.weight, layer.weight_scale_inv, layer.fp8_block)
-    return (x.float() @ w.t()).to(x.dtype)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +65,7 @@ def test_the_checkpoint_stores_each_expert_as_the_releases_do(fp8_moe):
 def test_weights_alone_equal_the_dequantized_model(fp8_moe, prompt, monkeypatch):
     import sgl_kernel.moe.fp8 as moe_fp8
     _, hf, sb, prompts = fp8_moe
-    monkeypatch.setattr(Fp8LinearMethod, "apply", _float_activations)
+    monkeypatch.setattr(Fp8LinearMethod, "apply", fp8_float_activations)
     monkeypatch.setattr(moe_fp8, "w8a8_linear", moe_fp8.dequantized_linear)
     ids, mm = prompts[prompt]
     items = mm.mm_items if mm is not None else []

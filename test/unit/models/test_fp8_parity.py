@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from parity_utils import (
+    fp8_float_activations,
     PLACEHOLDER, TEST_DEVICE, hf_logits, make_runner, noise_image, our_logits, rel_err, small_processor,
 )
 from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod
@@ -42,13 +43,6 @@ def _figures(ours: torch.Tensor, ref: torch.Tensor, ids: list[int]) -> tuple[flo
     return r, (lp(ours) - lp(ref)).abs().mean().item()
 
 
-def _float_activations(self, layer, x):
-    from sgl_kernel.quantization import dequantize_block_fp8
-
-    w = dequantize_block_fp8(layer.weight, layer.weight_scale_inv, layer.fp8_block)
-    return (x.float() @ w.t()).to(x.dtype)
-
-
 @pytest.mark.parametrize("preset", sorted(PROC))
 @pytest.mark.parametrize("mode", ["checkpoint", "online"])
 def test_fp8_logits_track_the_float_model(preset, mode, tmp_path, monkeypatch):
@@ -68,7 +62,7 @@ def test_fp8_logits_track_the_float_model(preset, mode, tmp_path, monkeypatch):
     print(f"{preset} {mode}: Pearson r {r:.5f}, mean |dlogprob| {mad:.4f} over {len(ids) - 1} prompt tokens")
     assert r >= MIN_PEARSON_TINY, (r, mad)
     if mode == "checkpoint":  # the weights alone: exactly the dequantized model
-        monkeypatch.setattr(Fp8LinearMethod, "apply", _float_activations)
+        monkeypatch.setattr(Fp8LinearMethod, "apply", fp8_float_activations)
         exact = our_logits(sb, [(ids, mm)])[0]
         assert rel_err(exact, ref) < 1e-4
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parity_utils import TEST_DEVICE, make_runner, noise_image, our_logits, rel_err
+from parity_utils import fp8_float_activations, TEST_DEVICE, make_runner, noise_image, our_logits, rel_err
 from sglang.srt.layers.quantization.fp8 import Fp8LinearMethod
 from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 from sglang.testing.fp8_checkpoint import dequantize_folder
@@ -20,13 +20,6 @@ transformers = pytest.importorskip("transformers")
 IMAGE_PAD, VISION_START, VISION_END = 248056, 248053, 248054
 MIN_PEARSON_TINY = 0.95
 MIN_PEARSON_ONLINE = 0.93
-
-
-def _float_activations(self, layer, x):
-    from sgl_kernel.quantization import dequantize_block_fp8
-
-    w = dequantize_block_fp8(layer.weight, layer.weight_scale_inv, layer.fp8_block)
-    return (x.float() @ w.t()).to(x.dtype)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +60,7 @@ def test_fp8_logits_equal_the_float_model_and_track_it_with_fp8_activations(fp8_
     r = torch.corrcoef(torch.stack([real.flatten(), ref.flatten()]))[0, 1].item()
     print(f"qwen3.5-tiny fp8: Pearson r {r:.5f}")
     assert r >= MIN_PEARSON_TINY
-    monkeypatch.setattr(Fp8LinearMethod, "apply", _float_activations)
+    monkeypatch.setattr(Fp8LinearMethod, "apply", fp8_float_activations)
     exact = our_logits(sb, [(ids, mm)])[0]
     assert rel_err(exact, ref) < 1e-4
 

@@ -6,19 +6,14 @@ equal to each request alone."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from qwen3_5_driver import Qwen3_5Driver
+from qwen3_5_driver import Qwen3_5Driver, prompt as _prompt, ref_kwargs as _ref_kwargs, tiny_processor
 from sglang.srt.model_loader.loader import get_model
-from sglang.srt.multimodal.processors.qwen_image import QwenVLImageProcessor
-from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor
 
 transformers = pytest.importorskip("transformers")
 
-IMAGE_PAD, VISION_START, VISION_END, VIDEO_PAD = 248056, 248053, 248054, 248057
 TOL = 1e-4
 
 
@@ -28,33 +23,7 @@ def setup(tiny_model_dir):
     transformers.logging.set_verbosity_error()
     ref = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     ours = get_model(path, dtype="float32")
-    # Qwen3.5 places images as Qwen3-VL does (same M-RoPE rules); only the token ids differ
-    ip = QwenVLImageProcessor(patch_size=16, image_mean=(0.5,) * 3, image_std=(0.5,) * 3, min_pixels=4 * 32 * 32,
-                              max_pixels=48 * 32 * 32)
-    proc = QwenVLProcessor(None, ip, model_type="qwen3_vl", image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD,
-                           vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
-    return ref, ours, proc
-
-
-def _text(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 3000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _prompt(kind: str, proc, seed: int = 0):
-    if kind == "text":  # long enough for the DeltaNet's chunked form to cross a 64-token chunk
-        return _text(90, seed), None
-    image = Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 96, 3), dtype=np.uint8), "RGB")
-    ids = _text(5, seed) + [VISION_START, IMAGE_PAD, VISION_END] + _text(7, seed + 1)
-    return proc.process(ids, [image])
-
-
-def _ref_kwargs(ids, mm) -> dict:
-    t = torch.tensor([ids])
-    kw = {"input_ids": t, "mm_token_type_ids": (t == IMAGE_PAD).long()}
-    if mm is not None:
-        kw["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items])
-        kw["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items])
-    return kw
+    return ref, ours, tiny_processor()  # Qwen3.5 places images as Qwen3-VL does; only the token ids differ
 
 
 def _ref_logits(ref, ids, mm) -> torch.Tensor:
