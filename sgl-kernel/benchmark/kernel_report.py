@@ -271,9 +271,81 @@ def moe_fp8_cases(presets, dtype, tps=MOE_TPS, tokens=MOE_TOKENS) -> list[Case]:
     return out
 
 
+# Gated DeltaNet geometry (TP 1): preset -> (key heads, value heads, key dim, value dim, conv kernel). Sources:
+# qwen3.5-4b and qwen3.5-35b-a3b as the engine's presets cite them (sglang/testing/presets.py: 16 key / 32
+# value heads of 128, conv 4); qwen3.5-27b from the Qwen3.6-27B(-FP8) model card ("Linear Attention Heads:
+# 48 for V and 16 for QK, Head Dimension 128", the same Qwen3_5ForConditionalGeneration architecture) and
+# transformers-format qwen3_5 configs of the 27B quoted publicly (linear_num_key_heads 16,
+# linear_num_value_heads 48, linear_key/value_head_dim 128, linear_conv_kernel_dim 4): a GQA ratio of 3.
+GDN = {
+    "qwen3.5-4b": (16, 32, 128, 128, 4),
+    "qwen3.5-27b": (16, 48, 128, 128, 4),
+    "qwen3.5-35b-a3b": (16, 32, 128, 128, 4),
+}
+GDN_TPS = (1, 2, 4, 8)
+GDN_TOKENS, GDN_SEQS, GDN_BATCH, GDN_SLOTS, GDN_LAYERS = 8192, 8, 64, 256, 24
+
+
+def gdn_cases(presets, dtype, tps=GDN_TPS) -> list[Case]:
+    """The Gated DeltaNet kernels at every preset's linear-attention shapes and TP size (each rank holds 1/tp of
+    the key and value heads and of the conv channels), bf16 activations, float32 recurrent state, views as the
+    engine passes them: q, k, v split out of the conv output (T, conv_dim), one layer of the state pools
+    (slots, layers, ...). Prefill rows: 8192 tokens in 8 sequences; decode rows: a batch of 64."""
+    from sgl_kernel.gdn._chunk_triton import plan_chunk_fwd, plan_chunk_prepare
+    from sgl_kernel.gdn._conv_triton import plan_conv1d_edge, plan_conv1d_fwd, plan_conv1d_update
+    from sgl_kernel.gdn._recurrent_triton import plan_recurrent
+
+    if dtype != torch.bfloat16:
+        return []
+    f32, i32 = torch.float32, torch.int32
+    t, nseq, bs, slots, layers = GDN_TOKENS, GDN_SEQS, GDN_BATCH, GDN_SLOTS, GDN_LAYERS
+    out = []
+    for p in presets:
+        if p not in GDN:
+            continue
+        hk0, hv0, dk, dv, kw = GDN[p]
+        for tp in tps:
+            hk, hv = hk0 // tp, hv0 // tp
+            key, val = hk * dk, hv * dv
+            conv_dim = 2 * key + val
+            tag = f"{p} tp{tp} Hk{hk} Hv{hv}"
+
+            def split(rows):
+                mixed = meta(rows, conv_dim, dtype=dtype)
+                return (mixed[:, :key].view(rows, hk, dk), mixed[:, key:2 * key].view(rows, hk, dk),
+                        mixed[:, 2 * key:].view(rows, hv, dv))
+
+            state = meta(slots, layers, hv, dk, dv, dtype=f32)[:, 0]
+            q, k, v = split(t)
+            g, beta = meta(t, hv, dtype=f32), meta(t, hv, dtype=dtype)
+            qn, kn = meta(t, hk, dk, dtype=f32), meta(t, hk, dk, dtype=f32)  # float32 workspaces
+            w, u, o = meta(t, hv, dk, dtype=f32), meta(t, hv, dv, dtype=f32), meta(t, hv, dv, dtype=f32)
+            cu, idx = meta(nseq + 1, dtype=i32), meta(nseq, dtype=i32)
+            lo = meta(t // 64 + nseq, dtype=i32)
+            out.append(Case(f"gdn-chunk {tag} T{t}", dk, dtype, [
+                plan_chunk_prepare(q, k, v, g, beta, qn, kn, w, u, lo, lo, 64, dk ** -0.5, "tf32"),
+                plan_chunk_fwd(qn, kn, g, w, u, o, state, cu, idx, 64, "tf32")]))
+            qd, kd, vd = split(bs)
+            out.append(Case(f"gdn-recurrent {tag} bs{bs}", dk, dtype, [
+                plan_recurrent(qd, kd, vd, meta(bs, hv, dtype=f32), meta(bs, hv, dtype=dtype),
+                               meta(bs, hv, dv, dtype=f32), state, meta(bs, dtype=i32), dk ** -0.5)]))
+            conv_state = meta(slots, layers, conv_dim, kw - 1, dtype=dtype)[:, 0]
+            weight = meta(conv_dim, 1, kw, dtype=dtype)[:, 0]
+            x, y = meta(t, conv_dim, dtype=dtype), meta(t, conv_dim, dtype=dtype)
+            out.append(Case(f"conv1d {tag} C{conv_dim} K{kw} T{t}", None, dtype, [
+                plan_conv1d_fwd(x, weight, None, y, meta(t, dtype=i32), cu, True),
+                plan_conv1d_edge(x, weight, None, conv_state, y, cu, idx, True)]))
+            xb = meta(bs, conv_dim, dtype=dtype)
+            out.append(Case(f"conv1d-update {tag} C{conv_dim} K{kw} bs{bs}", None, dtype, [
+                plan_conv1d_update(xb, weight, None, conv_state, meta(bs, conv_dim, dtype=dtype), meta(bs, dtype=i32),
+                                   True)]))
+    return out
+
+
 CASE_BUILDERS = {"extend": text_cases, "decode": text_cases, "varlen": vision_cases, "pos_embed": pos_embed_cases,
                  "sample": sampling_cases, "bitmask": bitmask_cases, "fp8_gemm": fp8_gemm_cases, "moe_topk": moe_cases,
-                 "moe_gemm": moe_cases, "moe_fp8": moe_fp8_cases}
+                 "moe_gemm": moe_cases, "moe_fp8": moe_fp8_cases,
+                 "gdn_chunk": gdn_cases, "gdn_recurrent": gdn_cases, "conv1d": gdn_cases, "conv1d_update": gdn_cases}
 
 
 def build_cases(kernels: list[str], presets: list[str], dtypes: list[torch.dtype]) -> list[Case]:
@@ -292,9 +364,14 @@ def plan_args(plan) -> dict:
 
 
 def report(cases: list[Case], target: str, progress: bool = True) -> list:
-    from sgl_kernel.codegen_report import report_kernel
+    """One row per (case, plan). Plans that specialize alike (same kernel, argument types and divisibility,
+    constexprs and options: e.g. one shape at several TP sizes whose strides stay multiples of 16) compile to
+    the same machine code: compiled and read once, the row repeated under each case's name."""
+    from dataclasses import replace
 
-    rows = []
+    from sgl_kernel.codegen_report import _signature, report_kernel
+
+    rows, seen = [], {}
     try:
         from tqdm import tqdm
     except ImportError:  # the bar is a convenience
@@ -302,11 +379,16 @@ def report(cases: list[Case], target: str, progress: bool = True) -> list:
     it = [(c, plan) for c in cases for plan in c.plans]
     bar = tqdm(it, desc="compiling", disable=not progress, file=sys.stderr) if tqdm else it
     for case, plan in bar:
-        rows.append(report_kernel(
-            plan.kernel, case.name, plan_args(plan), plan.constexprs, plan.options,
-            head_dim=case.head_dim, dtype=_TRITON_DTYPE[case.dtype], target=target,
-            note=" ".join(f"{k}={v}" for k, v in plan.constexprs.items() if k.startswith("BLOCK")),
-        ))
+        args = plan_args(plan)
+        note = " ".join(f"{k}={v}" for k, v in plan.constexprs.items() if k.startswith("BLOCK"))
+        key = (plan.kernel, repr(_signature(plan.kernel, args, plan.constexprs)), repr(sorted(plan.options.items())))
+        if key in seen:
+            rows.append(replace(seen[key], case=case.name, head_dim=case.head_dim, dtype=_TRITON_DTYPE[case.dtype],
+                                note=note))
+            continue
+        seen[key] = report_kernel(plan.kernel, case.name, args, plan.constexprs, plan.options,
+                                  head_dim=case.head_dim, dtype=_TRITON_DTYPE[case.dtype], target=target, note=note)
+        rows.append(seen[key])
     return rows
 
 
@@ -328,7 +410,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="sm_90a", help="GPU architecture to compile for (default sm_90a: H100/H200)")
     ap.add_argument("--json", default=None, help="write the rows as a JSON list to this file")
     ap.add_argument("--kernels", default=",".join(CASE_BUILDERS), help=f"comma list of {sorted(CASE_BUILDERS)}")
-    ap.add_argument("--presets", default=",".join(dict.fromkeys([*TEXT, *FP8_LINEARS, *MOE])), help="comma list of model presets")
+    ap.add_argument("--presets", default=",".join(dict.fromkeys([*TEXT, *FP8_LINEARS, *MOE, *GDN])),
+                    help="comma list of model presets")
     ap.add_argument("--dtypes", default="bfloat16,float32", help="comma list: bfloat16, float16, float32")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

@@ -252,3 +252,85 @@ def test_bitmask_kernel_on_sm90_loads_128_bit_words_without_spills():
         assert r.mma == "none" and r.max_load_bits == 128, f"{r.case}: {r.mma} {r.loads}"
         if ptxas_candidates() and r.registers is not None:
             assert r.spill_bytes == 0, f"{r.case}: {r.spill_bytes} bytes spilled"
+
+
+GDN_KINDS = ["gdn_chunk", "gdn_recurrent", "conv1d", "conv1d_update"]
+
+
+def test_gdn_cases_follow_the_presets_heads_and_tp():
+    """Qwen3.5's linear-attention shapes per TP rank: heads and conv channels divided by TP (27B: 48 value heads
+    over 16 key heads, a GQA ratio of 3); two launches per prefill case, one per decode case."""
+    mod = _load_report()
+    import torch
+
+    cases = mod.build_cases(GDN_KINDS, list(mod.GDN), [torch.bfloat16])
+    assert len(cases) == 3 * 4 * 4 and not mod.build_cases(GDN_KINDS, list(mod.GDN), [torch.float32])
+    names = {c.name for c in cases}
+    assert "conv1d qwen3.5-4b tp1 Hk16 Hv32 C8192 K4 T8192" in names
+    assert "conv1d-update qwen3.5-27b tp8 Hk2 Hv6 C1280 K4 bs64" in names
+    assert "gdn-chunk qwen3.5-27b tp1 Hk16 Hv48 T8192" in names
+    assert "gdn-recurrent qwen3.5-35b-a3b tp4 Hk4 Hv8 bs64" in names
+    assert all(len(c.plans) == (2 if c.name.split()[0] in ("gdn-chunk", "conv1d") else 1) for c in cases)
+    chunk = next(c for c in cases if c.name == "gdn-chunk qwen3.5-27b tp8 Hk2 Hv6 T8192")
+    assert chunk.plans[0].args["GROUP"] == 3 and chunk.plans[1].constexprs["BT"] == 64
+
+
+@pytest.fixture(scope="module")
+def gdn_rows():
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this process interprets the kernels; the report needs them compiled")
+    pytest.importorskip("triton", reason="the report compiles with triton")
+    from sgl_kernel.codegen_report import ptxas_candidates
+
+    if not ptxas_candidates():
+        pytest.skip("this triton wheel ships no ptxas: registers and spills cannot be read")
+    mod = _load_report()
+    import torch
+
+    rows = mod.report(mod.build_cases(GDN_KINDS, list(mod.GDN), [torch.bfloat16]), "sm_90a", progress=False)
+    if any(r.registers is None for r in rows):
+        pytest.skip("no bundled ptxas accepts the PTX this triton emits")
+    return rows
+
+
+def test_gdn_report_covers_every_preset_tp_and_kernel(gdn_rows):
+    assert len(gdn_rows) == 3 * 4 * 6
+    assert {r.case.split()[0] for r in gdn_rows} == {"gdn-chunk", "gdn-recurrent", "conv1d", "conv1d-update"}
+    assert {(r.case.split()[1], r.case.split()[2]) for r in gdn_rows} == \
+        {(p, f"tp{tp}") for p in ("qwen3.5-4b", "qwen3.5-27b", "qwen3.5-35b-a3b") for tp in (1, 2, 4, 8)}
+    by_kind = {}
+    for r in gdn_rows:
+        by_kind.setdefault(r.case.split()[0], set()).add(r.kernel)
+    assert by_kind == {"gdn-chunk": {"_gdn_chunk_prepare_kernel", "_gdn_chunk_fwd_kernel"},
+                       "gdn-recurrent": {"_gdn_recurrent_kernel"},
+                       "conv1d": {"_conv1d_fwd_kernel", "_conv1d_edge_kernel"},
+                       "conv1d-update": {"_conv1d_update_kernel"}}
+
+
+def test_gdn_chunk_kernels_on_sm90_use_tensor_cores_without_spills_and_with_wide_loads(gdn_rows):
+    """Both launches of the chunked prefill (the UT transform of every chunk; the sequential pass over each
+    sequence's chunks with the state carried): warpgroup MMA on tf32 operands, no spills, 128-bit loads."""
+    rows = [r for r in gdn_rows if r.case.startswith("gdn-chunk")]
+    assert len(rows) == 24
+    for r in rows:
+        where = f"{r.kernel} {r.case}"
+        assert r.spill_bytes == 0, f"{where}: {r.spill_bytes} bytes spilled ({r.registers} registers)"
+        assert r.mma == "wgmma" and r.mma_operands == "tf32.tf32", f"{where}: {r.mma} {r.mma_operands}"
+        assert r.max_load_bits == 128, f"{where}: no 128-bit load: {r.loads}"
+    # the sequential kernel's q, k, W, U tiles are copied asynchronously, 16 bytes at a time, into shared memory
+    assert all(r.loads.get("cp.async 128", 0) > 0 for r in rows if r.kernel == "_gdn_chunk_fwd_kernel")
+
+
+def test_gdn_recurrent_and_conv_kernels_on_sm90_do_not_spill_and_load_128_bits(gdn_rows):
+    """The decode step (state tiles of Dk x 32 float32), the prefill conv (x tiles, then each sequence's edge
+    rows and new state) and the decode conv: no spills, no tensor cores (no matrix work), and the bulk of
+    their traffic (state rows, x rows) in 128-bit loads; the (C, K-1) conv state's 3-element rows load
+    element-wise (16-bit in bf16)."""
+    rows = [r for r in gdn_rows if not r.case.startswith("gdn-chunk")]
+    assert len(rows) == 48
+    for r in rows:
+        where = f"{r.kernel} {r.case}"
+        assert r.spill_bytes == 0, f"{where}: {r.spill_bytes} bytes spilled ({r.registers} registers)"
+        assert r.mma == "none", where
+        assert r.max_load_bits == 128, f"{where}: no 128-bit load: {r.loads}"
+    assert all(r.min_load_bits >= 32 for r in rows if r.kernel == "_conv1d_fwd_kernel"), "x rows load scalar"
