@@ -6,6 +6,7 @@
 #                                               # parity tests, forward and serving figures, attention kernels
 #   bash scripts/gpu_check.sh --stage anchor    # the second call, once first passed (planned <= 520 s): full-depth
 #                                               # qwen3-vl-8b/4b with --load-format dummy on the anchors' workloads
+#   bash scripts/gpu_check.sh --stage hybrid    # Qwen3.5's GPU path: DeltaNet kernel tests, bench_gdn, one batch
 #   bash scripts/gpu_check.sh --stage tests     # gpu-marked tests, then the device-following suite on cuda
 #   bash scripts/gpu_check.sh --stage micro     # benchmark/gpu_micro_benchmarks.txt
 #   bash scripts/gpu_check.sh --stage serving   # benchmark/gpu_serving_benchmarks.txt, @stage=serving lines
@@ -53,7 +54,7 @@ while [[ $# -gt 0 ]]; do
         --list=*) LIST="${1#--list=}"; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
         --no-install) INSTALL=0; shift ;;
-        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done

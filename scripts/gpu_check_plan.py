@@ -48,7 +48,11 @@ FIRST_LIMIT = 520
 # `anchor`: the session's second call, once `first` passed: full-depth replicas (weights made on the GPU by
 # --load-format dummy) on the anchors' workloads, priority ordered, in one call of the same size.
 ANCHOR = "anchor"
-ALL_STAGES = (FIRST, ANCHOR) + STAGES + ("all",)
+# `hybrid`: Qwen3.5's GPU path (issue 51): the Gated DeltaNet kernels' gpu tests and microbenchmark, and one
+# static batch on a 4-layer qwen3.5-4b replica made on the GPU (--load-format dummy)
+HYBRID = "hybrid"
+BUILTIN_STAGES = (FIRST, ANCHOR, HYBRID)
+ALL_STAGES = BUILTIN_STAGES + STAGES + ("all",)
 LISTS = {
     "micro": "benchmark/gpu_micro_benchmarks.txt",
     "serving": "benchmark/gpu_serving_benchmarks.txt",
@@ -244,6 +248,30 @@ def anchor_steps() -> list[Step]:
     ]
 
 
+HYBRID_4B = '"$GPU_CACHE/models/qwen3.5-4b-4l-config"'
+
+
+def hybrid_steps() -> list[Step]:
+    return [
+        Step("hybrid: kernel tests", 150,
+             '"$PYTHON" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/junit-hybrid-kernels.xml" '
+             "sgl-kernel/tests/test_gdn_chunk_kernel.py sgl-kernel/tests/test_gdn_recurrent_kernel.py "
+             "sgl-kernel/tests/test_gdn_conv_kernel.py",
+             pytest=True, outputs=("junit-hybrid-kernels.xml",),
+             display="the Gated DeltaNet kernels in bf16 at Qwen3.5 shapes, and the decode step under CUDA-graph "
+                     "capture against eager"),
+        Step("hybrid: bench_gdn", 120,
+             '"$PYTHON" sgl-kernel/benchmark/bench_gdn.py --presets qwen3.5-4b,qwen3.5-27b --tps 1,8 '
+             '--out "$RAW/hybrid-gdn.jsonl"',
+             display="chunk kernel TFLOP/s, recurrent step GB/s against the bandwidth floor"),
+        Step("hybrid: one batch", 90,
+             f'"$PYTHON" -m sglang.testing.make_model --preset qwen3.5-4b --num-layers 4 --config-only --out {HYBRID_4B} '
+             f'&& "$PYTHON" -m sglang.bench_one_batch --model-path {HYBRID_4B} --load-format dummy --device cuda '
+             '--dtype bfloat16 --batch-size 4 --output-len 16 --json > "$RAW/hybrid-one-batch.json"',
+             display="bench_one_batch on a 4-layer qwen3.5-4b replica (dummy bf16 weights): prefill and decode ms"),
+    ]
+
+
 _TOKEN = re.compile(r"@([a-z_]+)=(\S+)")
 
 
@@ -274,8 +302,8 @@ def parse_list(path: Path, stage: str) -> list[Step]:
             raise PlanError(f"{where}: no @budget=SECONDS token at the start of the line")
         if not opts["budget"].isdigit() or int(opts["budget"]) < 2:
             raise PlanError(f"{where}: @budget= must be a whole number of seconds >= 2")
-        if "stage" in opts and opts["stage"] not in (FIRST, ANCHOR) + STAGES:
-            raise PlanError(f"{where}: unknown @stage={opts['stage']} (stages: {', '.join((FIRST, ANCHOR) + STAGES)})")
+        if "stage" in opts and opts["stage"] not in BUILTIN_STAGES + STAGES:
+            raise PlanError(f"{where}: unknown @stage={opts['stage']} (stages: {', '.join(BUILTIN_STAGES + STAGES)})")
         if not line:
             raise PlanError(f"{where}: no command after the tokens")
         if opts.get("stage", stage) != stage:
@@ -293,6 +321,8 @@ def stage_steps(stage: str, list_path: Path | None) -> list[Step]:
         return first_steps()
     if stage == ANCHOR:
         return anchor_steps()
+    if stage == HYBRID:
+        return hybrid_steps()
     return parse_list(REPO / LISTS[stage], stage)
 
 
@@ -310,7 +340,7 @@ def build_plan(stage: str, list_path: Path | None = None, install: bool = True,
         budget = STAGE_LIMIT * len(STAGES)
     else:
         steps += stage_steps(stage, list_path)
-        budget = FIRST_LIMIT if stage in (FIRST, ANCHOR) else STAGE_LIMIT
+        budget = FIRST_LIMIT if stage in BUILTIN_STAGES else STAGE_LIMIT
     outputs = [f"gpu-check-{stage}.log", f"summary-{stage}.json", f"results-{stage}.tar.gz"]
     for s in steps:
         outputs += [o for o in s.outputs if o not in outputs]

@@ -331,3 +331,21 @@ def test_stage_anchor_commands_parse_and_its_config_step_runs_here(tmp_path):
         folder = tmp_path / "models" / name
         assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
         assert not list(folder.glob("*.safetensors"))
+
+
+def test_stage_hybrid_fits_and_names_only_paths_and_flags_that_exist(tmp_path):
+    planned, files, budgets, outputs = _dry_run(tmp_path, "--stage", "hybrid")
+    assert planned == sum(budgets) <= FIRST_CALL_LIMIT_S and files == len(outputs) <= JOB_FILE_LIMIT
+    plan = plan_mod.build_plan("hybrid")
+    for step in plan.steps[2:]:
+        for path in re.findall(r"(?:^|\s)((?:sgl-kernel|benchmark)/[\w/.-]+)", step.command):
+            assert (REPO / path).exists(), f"{step.name}: {path}"
+    bench = (REPO / "sgl-kernel/benchmark/bench_gdn.py").read_text()
+    assert all(f'"{flag}"' in bench for flag in ("--presets", "--tps", "--out"))
+    one_batch = (REPO / "sglang/bench_one_batch.py").read_text()
+    assert '"--load-format"' in one_batch and '"--output-len"' in one_batch
+    make = plan.steps[-1].command.split(" && ")[0]  # the replica's config, here, in seconds
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CACHE": str(tmp_path)}
+    subprocess.run(["bash", "-c", make], cwd=REPO, env=env, check=True, capture_output=True)
+    cfg = json.loads((tmp_path / "models" / "qwen3.5-4b-4l-config" / "config.json").read_text())
+    assert cfg["text_config"]["num_hidden_layers"] == 4 and cfg["architectures"] == ["Qwen3_5ForConditionalGeneration"]
