@@ -65,10 +65,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("pos-embed-recomputed", "SGLANG_VIT_FAST_POS_EMBED", "sglang/srt/models/vlm_base.py",
            "fast_pos_embed=vit.fast_pos_embed, sp=sp)", "fast_pos_embed=False, sp=sp)",
            ("test/unit/models/test_vit_pos_embed_switch.py::test_switch_selects_the_path",)),
-    Mutant("jpeg-decoded-in-tokenizer", "SGLANG_GPU_IMAGE_DECODE", "sglang/srt/managers/request_builder.py",
-           "self.processor.deferred_jpeg = server_args.language_only or "
-           "deferred_decode_enabled(server_args.resolved_device())",
-           "self.processor.deferred_jpeg = server_args.language_only",
+    Mutant("jpeg-decoded-in-tokenizer", "SGLANG_GPU_IMAGE_DECODE", "sglang/srt/multimodal/processor_spec.py",
+           "deferred = server_args.language_only or deferred_decode_enabled(server_args.resolved_device())",
+           "deferred = server_args.language_only",
            ("test/e2e/test_gpu_image_decode_server.py::test_tokenizer_defers_scheduler_decodes_png_falls_back",)),
     Mutant("images-sent-as-float32", "SGLANG_MM_UINT8_PIXELS", "sglang/srt/multimodal/processors/qwen_vl.py",
            "            uint8=self.uint8_pixels,\n", "            uint8=False,\n",
@@ -93,4 +92,8 @@ MUTANTS: tuple[Mutant, ...] = (
            'return bool(getattr(server_args, "enable_vlm_stage_timer", False)) or envs.SGLANG_VLM_STAGE_TIMER.get()',
            'return bool(getattr(server_args, "enable_vlm_stage_timer", False))',
            ("test/unit/metrics/test_stage_timer.py::test_env_switch_turns_it_on",)),
+    Mutant("mm-images-preprocessed-in-process", "--mm-processor-worker-num", "sglang/srt/managers/request_builder.py",
+           "remote=self.mm_pool)", "remote=None)",
+           ("test/unit/multimodal/test_request_builder_workers.py"
+            "::test_a_request_built_by_the_workers_equals_the_in_process_build",)),
 )

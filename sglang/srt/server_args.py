@@ -112,6 +112,15 @@ class ServerArgs:
     allow_private_media_urls: bool = field(default=False, metadata=_arg(
         "also fetch image URLs whose host resolves to a loopback, private or link-local address "
         "(refused by default: the server must not be a proxy into its own network)"))
+    mm_processor_worker_num: int | None = field(default=None, metadata=_arg(
+        "image preprocessing worker processes (sglang-mmproc{k}, each with its own processor and tokenizer): each "
+        "encoded image is fetched, decoded, preprocessed, hashed and written to shared memory there, outside the "
+        "tokenizer manager's process; 0: in that process's threads (the baseline); unset: the default for this "
+        "machine's CPU count, logged at start-up (docs/optimizations/mm-frontend.md); needs the shared-memory "
+        "transport (--mm-feature-transport cpu on one host)"))
+    mm_io_worker_num: int | None = field(default=None, metadata=_arg(
+        "threads that fetch and decode images: in each preprocessing worker (default 4), or, with "
+        "--mm-processor-worker-num 0, the tokenizer manager's media pool (default min(32, CPUs + 4))"))
     max_payload_size: int | None = field(default=None, metadata=_arg(
         "largest HTTP request body accepted, in bytes (suffixes as for token counts: 64Mi); larger bodies get 413 "
         "(default 64 MiB; 1 GiB on an --encoder-only server, whose /encode bodies carry pixels)", parse=parse_token_count))

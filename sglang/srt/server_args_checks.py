@@ -58,6 +58,7 @@ def check_and_normalize(args) -> list[str]:
             problems.append(f"--mm-feature-transport cuda_ipc: {problem}; use cpu (shared memory on one host)")
     problems += _data_parallel_problems(args)
     problems += _encoder_disaggregation_problems(args)
+    problems += _mm_worker_problems(args)
     if args.mm_enable_dp_encoder and args.enable_vit_ulysses_sp:
         problems.append("--mm-enable-dp-encoder with --enable-vit-ulysses-sp: both replicate the vision tower and "
                         "split its work over the ranks (whole images vs. patches); choose one")
@@ -108,6 +109,10 @@ def check_and_normalize(args) -> list[str]:
         problems.append("--mem-fraction-static must be in (0, 1)")
     if args.limit_mm_per_prompt < 0:
         problems.append("--limit-mm-per-prompt must be >= 0")
+    if args.mm_processor_worker_num is not None and not 0 <= args.mm_processor_worker_num <= 64:
+        problems.append("--mm-processor-worker-num must be in [0, 64]")
+    if args.mm_io_worker_num is not None and not 1 <= args.mm_io_worker_num <= 256:
+        problems.append("--mm-io-worker-num must be in [1, 256]")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         problems.append("--node-rank must be in [0, --nnodes)")
     elif args.tp_size % args.nnodes:
@@ -117,6 +122,22 @@ def check_and_normalize(args) -> list[str]:
     # what the model directory and the scale file make impossible, before any process starts (one line each)
     problems += startup_problems(args.model_path, args.kv_cache_dtype, args.quantization_param_path, args.tp_size)
     return problems
+
+
+def _mm_worker_problems(args) -> list[str]:
+    """Preprocessing workers hand the pixels over in shared memory: where that transport is off, asking for
+    workers is refused (unset, the default resolves to none there)."""
+    n = args.mm_processor_worker_num
+    if not n:
+        return []
+    why = ("--language-only sends the images to the encoders" if args.language_only
+           else "--mm-feature-transport cuda_ipc puts them in the GPU pool" if args.mm_feature_transport != "cpu"
+           else "SGLANG_MM_SHM_TRANSPORT=0 sends them inline" if not envs.SGLANG_MM_SHM_TRANSPORT.get()
+           else f"--nnodes {args.nnodes} sends them inline" if args.nnodes > 1 else None)
+    if why is None:
+        return []
+    return [f"--mm-processor-worker-num {n}: the workers hand pixels over in shared memory and {why}; "
+            "use --mm-processor-worker-num 0"]
 
 
 def _expert_parallel_problems(args) -> list[str]:

@@ -164,7 +164,12 @@ def launch_server(model_dir, tmp_path_factory):
     started: list[ServerProcess] = []
 
     def launch(*extra_args: str, env: dict[str, str] | None = None, model: Path | None = None) -> ServerProcess:
-        s = ServerProcess(model or model_dir, tmp_path_factory.mktemp("server"), list(extra_args), env=env)
+        args = list(extra_args)
+        if not any(a.startswith("--mm-processor-worker-num") for a in args):
+            # the suite's servers keep the in-process front-end: a preprocessing worker costs each server ~3.5 s
+            # of CPU to start on 2 cores; the worker path has its own e2e (test_mm_processor_workers_server.py)
+            args += ["--mm-processor-worker-num", "0"]
+        s = ServerProcess(model or model_dir, tmp_path_factory.mktemp("server"), args, env=env)
         started.append(s)
         return s.wait_healthy()
 

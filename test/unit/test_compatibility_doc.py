@@ -80,6 +80,8 @@ UPSTREAM = {
     "--skip-server-warmup": _flag(False),
     "--mm-feature-transport": _flag("cpu", choices=("cpu", "cuda_ipc")),
     "--limit-mm-data-per-request": _flag(),
+    "--mm-processor-worker-num": _flag(),  # unset: 2 for the processors that support it
+    "--mm-io-worker-num": _flag(),  # unset: 16
     "--mm-process-config": _flag(),
     "--chat-template": _flag(),
     "--api-key": _flag(),

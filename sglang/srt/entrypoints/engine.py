@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 from sglang.srt.entrypoints.engine_requests import EngineOptions, engine_request_groups
 from sglang.srt.errors import StartupError
 from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.utils.process_name import set_process_name
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +35,7 @@ _TERMINATE_GRACE_S = 5.0
 # ----------------------------------------------------------------------------- children
 def _set_process_name(name: str) -> None:
     """Linux: shows in /proc/<pid>/comm, ps and top (15 bytes max)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
+    set_process_name(name)
 
 
 def _exit_with_parent(parent_pid: int, ipc_dir: str) -> None:
@@ -126,6 +122,7 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
     ctx = mp.get_context("spawn")
     procs: list[BaseProcess] = []
     readers: dict[Any, BaseProcess] = {}
+    mm_pool = None  # --mm-processor-worker-num: started first, so the workers load while the schedulers do
 
     def spawn(name: str, target: Callable[..., None], args: tuple) -> None:
         reader, writer = ctx.Pipe(duplex=False)
@@ -141,6 +138,10 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
         readers[reader] = p
 
     try:
+        if server_args.node_rank == 0:
+            from sglang.srt.multimodal.mm_worker_plan import start_worker_pool
+
+            mm_pool = start_worker_pool(server_args, server_args.model_path)
         if server_args.dp_size == 1:
             for rank in server_args.local_tp_ranks():
                 spawn(f"sglang-sched{rank}", _scheduler_target, (server_args, port_args, rank))
@@ -160,8 +161,10 @@ def launch_subprocesses(server_args: ServerArgs, start_timeout: float | None = N
                              key=lambda m: m.max_total_num_tokens, default=None)
         if scheduler_info is None:
             raise RuntimeError("no scheduler reported ready")
-        tokenizer_manager = TokenizerManager(server_args, port_args, scheduler_info)
+        tokenizer_manager = TokenizerManager(server_args, port_args, scheduler_info, mm_pool)
     except BaseException:
+        if mm_pool is not None:
+            mm_pool.close()
         shutdown_subprocesses(procs, port_args)
         raise
     logger.info(

@@ -1,7 +1,9 @@
 """GenerateReqInput -> TokenizedGenerateReqInput: validation, chat template, tokenization, images.
 
 `check` runs on the event loop (cheap checks only); `build` runs in a worker thread (template,
-tokenizer, image fetch/decode/preprocess, image hashing, pickling). Every problem with the request raises
+tokenizer, image fetch/decode/preprocess, image hashing, pickling; with --mm-processor-worker-num the
+per-image work is a job for a preprocessing worker process, whose pixels come back in shared memory:
+`multimodal/mm_worker_pool.py`). Every problem with the request raises
 `GenerateError` (400) with a message naming it. The field and length checks that need neither the
 tokenizer nor the processor live in `request_validation`; this module holds what needs them (and the
 shared-memory and CUDA IPC hand-off of the built media).
@@ -9,7 +11,6 @@ shared-memory and CUDA IPC hand-off of the built media).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -25,19 +26,21 @@ from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.managers.tokenizer_lanes import TokenizerLanes
 from sglang.srt.environ import envs
-from sglang.srt.multimodal.deferred_decode import deferred_decode_enabled
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_flight import SharedImageLoader
-from sglang.srt.multimodal.media_fetch import HostPolicy, MediaFetcher, is_http_url
-from sglang.srt.multimodal.video_io import VideoLimits
+from sglang.srt.multimodal.media_fetch import is_http_url
+from sglang.srt.multimodal.mm_worker_pool import MMWorkerError
+from sglang.srt.multimodal.processor_spec import ProcessorSpec
 from sglang.srt.multimodal.transport.cuda_ipc import make_sender, release_unsent
 from sglang.srt.parser.reasoning_parser import prompt_opens_reasoning, reasoning_format
-from sglang.srt.multimodal.transport.shm import (
+from sglang.srt.multimodal.transport.shm import (  # noqa: F401  (use_shm_transport: its earlier import path)
     ShmSpaceError,
     cleanup_own_segments,
     link_mm_items,
     mm_items_to_shm,
+    own_pointers,
     segment_prefix,
+    use_shm_transport,
 )
 from sglang.srt.managers.request_validation import (
     check_custom_logit_processor,
@@ -60,6 +63,8 @@ from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled
 
 logger = logging.getLogger(__name__)
 
+WORKER_START_TIMEOUT_S = 300.0  # preprocessing workers (imports, tokenizer, processor) on a loaded machine
+
 
 @dataclass
 class CheckedRequest:
@@ -79,10 +84,11 @@ class CheckedRequest:
 
 
 class RequestBuilder:
-    def __init__(self, server_args: ServerArgs, model_path: str, scheduler_info: SchedulerReady | None = None):
+    def __init__(self, server_args: ServerArgs, model_path: str, scheduler_info: SchedulerReady | None = None,
+                 mm_pool=None):
+        """`mm_pool`: the preprocessing workers already started for this server (`start_worker_pool`, at
+        launch, alongside the schedulers); None: started here when --mm-processor-worker-num asks for them."""
         from transformers import AutoTokenizer
-
-        from sglang.srt.multimodal.processors.base import get_processor_class, is_multimodal_model
 
         self.server_args = server_args
         self.model_path = model_path
@@ -108,27 +114,11 @@ class RequestBuilder:
         )
         self.max_req_input_len = scheduler_info.max_req_input_len if scheduler_info else None
         self.max_total_num_tokens = scheduler_info.max_total_num_tokens if scheduler_info else None
-        archs, model_type = self.hf_config.get("architectures"), self.hf_config.get("model_type")
-        self.processor = None
-        if is_multimodal_model(archs, model_type):
-            self.processor = get_processor_class(archs, model_type).from_pretrained(
-                model_path, self.tokenizer, allowed_local_media_path=server_args.allowed_local_media_path
-            )
-            # gpu-jpeg-decode; --language-only: plain JPEGs travel to the encoders compressed, decoded there
-            self.processor.deferred_jpeg = server_args.language_only or deferred_decode_enabled(server_args.resolved_device())
-            self.processor.uint8_pixels = envs.SGLANG_MM_UINT8_PIXELS.get()  # mm-uint8-pixels
-            self.processor.compact_still_images = envs.SGLANG_MM_COMPACT_STILL_IMAGES.get()  # one frame per image
-            self.processor.video_limits = VideoLimits(max_frame_pixels=envs.SGLANG_VIDEO_MAX_FRAME_PIXELS.get(),
-                                                      max_duration_s=envs.SGLANG_VIDEO_MAX_SECONDS.get(),
-                                                      max_sampled_bytes=envs.SGLANG_VIDEO_MAX_BYTES.get())
-            if envs.SGLANG_VIDEO_CAP_PIXELS_PER_FRAME.get():
-                vp = self.processor.video_processor
-                self.processor.video_processor = dataclasses.replace(vp, cap_pixels_per_frame=True)
-        self.fetcher = MediaFetcher(server_args.media_fetch_timeout, server_args.media_max_bytes,
-                                    HostPolicy(tuple(server_args.allowed_media_domains or ()),
-                                               server_args.allow_private_media_urls))
-        # Only per-image work runs here: `build` itself runs in another pool and waits on this one.
-        self.media_pool = ThreadPoolExecutor(min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-media")
+        # the processor and its switches (deferred JPEGs, uint8 pixels, compact still images, video limits),
+        # resolved once: the preprocessing workers build their copies from the same spec
+        self.spec = ProcessorSpec.from_server_args(server_args, model_path)
+        self.processor = self.spec.build(self.tokenizer, self.hf_config)
+        self.fetcher = self.spec.fetcher
         self.stage_timer = VlmStageTimer(stage_timer_enabled(server_args))
         self.lanes = TokenizerLanes(self.tokenizer, self.context_length, envs.SGLANG_MAX_PROMPT_CHARS_PER_TOKEN.get())
         if self.processor is not None:
@@ -149,10 +139,32 @@ class RequestBuilder:
         # single-flight: each distinct image in flight (same URL, or same bytes) is fetched, decoded,
         # preprocessed and hashed once, by the first request carrying it (multimodal/image_flight.py)
         self.image_loader = None
+        # --mm-processor-worker-num: encoded images go to worker processes; their pixels come back in shm
+        self.mm_pool = self._ready_workers(mm_pool)
+        # Only per-image work runs here: `build` itself runs in another pool and waits on this one (with
+        # workers, its threads wait on them). --mm-io-worker-num sizes it when there are no workers.
+        io = server_args.mm_io_worker_num if self.mm_pool is None else None
+        self.media_pool = ThreadPoolExecutor(io or min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-media")
         if self.processor is not None:
             self.image_loader = SharedImageLoader(self.processor, lambda url: self.fetcher(url), self.hash_algo,
-                                                  self.hash_algo if self.precompute_hash else None)
+                                                  self.hash_algo if self.precompute_hash else None,
+                                                  remote=self.mm_pool)
             self.processor.image_loader = self.image_loader
+
+    def _ready_workers(self, pool):
+        """The preprocessing workers, ready: `pool` (started at launch), else started here when
+        --mm-processor-worker-num asks for them (unset, only a launched server resolves its default)."""
+        if pool is None and self.processor is not None and self.server_args.mm_processor_worker_num:
+            from sglang.srt.multimodal.mm_worker_plan import start_worker_pool
+
+            pool = start_worker_pool(self.server_args, self.model_path)
+        if pool is not None:
+            try:
+                pool.wait_ready(WORKER_START_TIMEOUT_S)
+            except BaseException:
+                pool.close()
+                raise
+        return pool
 
     def take_unsent_shm(self, rid: str) -> list[str]:
         with self._unsent_lock:
@@ -170,6 +182,8 @@ class RequestBuilder:
 
     def close(self) -> None:
         self.media_pool.shutdown(wait=False, cancel_futures=True)
+        if self.mm_pool is not None:  # first: no worker writes a segment after the sweep below
+            self.mm_pool.close()
         with self._unsent_lock:
             for names, _ in self.unsent_shm.values():
                 release_unsent(names)
@@ -240,42 +254,62 @@ class RequestBuilder:
         """The wire message and its pickle (made here, off the event loop: pixel tensors can be large)."""
         obj = req.obj
         check_in_worker(req.sampling, obj.custom_logit_processor)  # stop_regex compiles, processor loads: bounded
+        mm_inputs, owned, timings = None, [], {}
         try:
             prompt = self._render_chat(req.messages, obj) if req.messages is not None else obj.text
             if obj.input_ids is not None:
                 ids = check_input_ids(obj.input_ids, self.vocab_size)
             else:  # bounded in characters first; a long prompt takes its own lane
                 ids = self.lanes.encode(prompt, add_special_tokens=False)
-            mm_inputs = None
-            timings: dict[str, float] = {}
             if self.processor is not None:
-                with self.stage_timer.measure(timings, "processor"):
-                    images = list(req.images)  # URLs are fetched by the image loader, once per URL in flight
-                    videos = list(self.media_pool.map(self._fetch_video_if_url, req.videos)) if req.videos else []
-                    extra = {"image_config": req.image_config} if req.image_config is not None else {}
-                    if videos or req.video_config is not None:
-                        extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)
-                    ids, mm = self.processor.process(ids, images, executor=self.media_pool, **extra)
-                mm_inputs = mm if images or videos else None
-                if mm_inputs is not None:  # observable: the carrier each item actually left with
-                    with self._count_lock:  # worker threads
-                        self.num_uint8_items += sum(it.pixel_norm is not None for it in mm_inputs.mm_items)
-                if videos and self.stage_timer.enabled:
-                    for item in mm.mm_items:
-                        for stage in ("video_decode", "video_preprocess"):
-                            ms = item.model_specific_data.get(stage.replace("video_", "") + "_ms")
-                            if ms is not None:
-                                self.stage_timer.add(timings, stage, ms)
-                if mm_inputs is not None and self.precompute_hash:
-                    # Still in the worker thread: the items hash in parallel on the image pool and
-                    # are pickled with their hash and pad value; the scheduler only checks.
-                    with self.stage_timer.measure(timings, "hash"):
-                        precompute_item_hashes(mm_inputs, self.hash_algo, self.media_pool)
-                    self.stage_timer.emit(req.rid, timings, ("hash",))
+                ids, mm_inputs, owned = self._process_media(req, ids, timings)
         except GenerateError:
             raise
+        except MMWorkerError as e:  # a preprocessing worker died under this request (or failed inside)
+            raise GenerateError(str(e), 500, "server_error") from None
         except ValueError as e:  # ImageLoadError, MultimodalInputError, SmartResizeError, MediaFetchError
             raise GenerateError(str(e)) from None
+        try:  # from here on this request owns the segments its workers wrote (`owned`): sent, or released
+            return self._finish(req, prompt, ids, mm_inputs, timings, owned)
+        except BaseException:
+            release_unsent(owned)
+            raise
+
+    def _process_media(self, req: CheckedRequest, ids: list[int], timings: dict[str, float]):
+        """(expanded ids, the request's MultimodalInputs or None, the segment names its workers wrote)."""
+        with self.stage_timer.measure(timings, "processor"):
+            images = list(req.images)  # URLs are fetched by the image loader, once per URL in flight
+            videos = list(self.media_pool.map(self._fetch_video_if_url, req.videos)) if req.videos else []
+            extra = {"image_config": req.image_config} if req.image_config is not None else {}
+            if videos or req.video_config is not None:
+                extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)
+            ids, mm = self.processor.process(ids, images, executor=self.media_pool, **extra)
+        mm_inputs = mm if images or videos else None
+        owned = own_pointers(mm_inputs, self.shm_prefix) if mm_inputs is not None and self.mm_pool else []
+        try:
+            if mm_inputs is not None:  # observable: the carrier each item actually left with
+                with self._count_lock:  # worker threads
+                    self.num_uint8_items += sum(it.pixel_norm is not None for it in mm_inputs.mm_items)
+            if videos and self.stage_timer.enabled:
+                for item in mm.mm_items:
+                    for stage in ("video_decode", "video_preprocess"):
+                        ms = item.model_specific_data.get(stage.replace("video_", "") + "_ms")
+                        if ms is not None:
+                            self.stage_timer.add(timings, stage, ms)
+            if mm_inputs is not None and self.precompute_hash:
+                # Still in the worker thread: the items hash in parallel on the image pool and
+                # are pickled with their hash and pad value; the scheduler only checks.
+                with self.stage_timer.measure(timings, "hash"):
+                    precompute_item_hashes(mm_inputs, self.hash_algo, self.media_pool)
+                self.stage_timer.emit(req.rid, timings, ("hash",))
+        except BaseException:
+            release_unsent(owned)
+            raise
+        return ids, mm_inputs, owned
+
+    def _finish(self, req: CheckedRequest, prompt, ids: list[int], mm_inputs, timings: dict[str, float],
+                owned: list[str]) -> tuple[TokenizedGenerateReqInput, bytes]:
+        obj = req.obj
         check_prompt_length(len(ids), self.context_length, self.max_req_input_len, self.max_total_num_tokens)
         sampling = req.sampling
         sampling.max_new_tokens = fit_max_new_tokens(len(ids), sampling.max_new_tokens, req.to_context,
@@ -295,6 +329,7 @@ class RequestBuilder:
         names = self._to_shm(req.rid, mm_inputs) if mm_inputs is not None and self.shm_prefix else []
         if mm_inputs is not None and self.ipc is not None:
             names = self.ipc.items_to_pool(mm_inputs, req.rid)
+        names = owned + names
         try:
             payload = pickle.dumps(tokenized, protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException:
@@ -398,14 +433,3 @@ def load_chat_template(path: str) -> str:
         raise ValueError(f"--chat-template {path!r}: not a valid Jinja template: {e}") from None
     return text
 
-
-def use_shm_transport(server_args: ServerArgs) -> bool:
-    """`--mm-feature-transport cpu` uses shared memory (SGLANG_MM_SHM_TRANSPORT, on by default), which
-    reaches only the ranks on this host: with ranks on other nodes, pixels go inline."""
-    if server_args.mm_feature_transport != "cpu" or not envs.SGLANG_MM_SHM_TRANSPORT.get():
-        return False
-    if server_args.nnodes > 1:
-        logger.warning("shared-memory transport needs every TP rank on one host; with --nnodes %d the "
-                       "pixels travel inline with the requests instead", server_args.nnodes)
-        return False
-    return True

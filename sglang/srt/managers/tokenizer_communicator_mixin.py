@@ -54,6 +54,11 @@ class TokenizerCommunicatorMixin:
         info = merge_server_infos([dict(o.info) for o in outs])
         info["shm_fallback_count"] = self.builder.shm_fallback_count
         info["image_decode_tokenizer"] = deferred_decode.stats()  # deferred JPEGs and fallback reasons
+        pool = getattr(self.builder, "mm_pool", None)
+        if pool is not None:  # --mm-processor-worker-num: each worker's pid, jobs and restarts; its JPEG counts
+            info["mm_processor_workers"] = pool.stats()
+            for event, n in pool.decode_counts().items():
+                info["image_decode_tokenizer"][event] = info["image_decode_tokenizer"].get(event, 0) + n
         # SGLANG_MM_COMPACT_STILL_IMAGES as the request builder resolved it (still images sent as one frame)
         info["mm_compact_still_images"] = bool(getattr(getattr(self.builder, "processor", None),
                                                        "compact_still_images", False))

@@ -6,7 +6,8 @@ the `BatchStrOut`s coming back from the detokenizer to the waiting requests. It 
 processes: one dying makes the server unhealthy and fails every pending request with 503.
 
 Split by concern: the receive side and outputs in tokenizer_output_mixin.py, the control requests in
-tokenizer_communicator_mixin.py; preparing, sending, aborts, health and lifecycle stay here.
+tokenizer_communicator_mixin.py, /tokenize and /detokenize in tokenizer_text_mixin.py; preparing, sending,
+aborts, health and lifecycle stay here.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from sglang.srt.errors import GenerateError, ServerUnhealthyError
 from sglang.srt.managers.data_parallel_messages import request_header
 from sglang.srt.managers.io_struct import AbortReq, FinishReason, GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.managers.request_builder import RequestBuilder
-from sglang.srt.managers.request_validation import check_input_ids
 from sglang.srt.managers.stop_holdback import StopHoldback
 from sglang.srt.managers.tokenizer_communicator_mixin import TokenizerCommunicatorMixin, _ControlWait
 from sglang.srt.managers.tokenizer_output_mixin import TokenizerOutputMixin, _ReqState
+from sglang.srt.managers.tokenizer_text_mixin import TokenizerTextMixin
 from sglang.srt.managers.tokenizer_update_weights_mixin import TokenizerUpdateWeightsMixin
 from sglang.srt.metrics.prometheus import ServingMetrics
 from sglang.srt.multimodal.transport.cuda_ipc import release_unsent
@@ -44,20 +45,23 @@ logger = logging.getLogger(__name__)
 UNSENT_SHM_MAX_AGE_S = 30.0
 
 
-class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, TokenizerOutputMixin):
+class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, TokenizerOutputMixin,
+                       TokenizerTextMixin):
     dp_size = 1  # replicas answering each control request (set in __init__ from --dp-size)
     ids_only = False  # --skip-tokenizer-init: outputs carry output_ids and no text (set in __init__)
     epd = None  # --language-only: the encoders' dispatcher (set in __init__)
     epd_inbox = None
 
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: SchedulerReady | None = None):
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: SchedulerReady | None = None,
+                 mm_pool=None):
+        """`mm_pool`: the image preprocessing workers started at launch (`mm_worker_plan.start_worker_pool`)."""
         self.server_args = server_args
         self.port_args = port_args
         self.scheduler_info = scheduler_info
         self.dp_size = server_args.dp_size
         self.ids_only = server_args.skip_tokenizer_init
         self.model_path = server_args.resolved_model_path()
-        self.builder = RequestBuilder(server_args, self.model_path, scheduler_info)
+        self.builder = RequestBuilder(server_args, self.model_path, scheduler_info, mm_pool)
         self.tokenizer = self.builder.tokenizer
         self.processor = self.builder.processor
         self.hf_config = self.builder.hf_config
@@ -435,24 +439,6 @@ class TokenizerManager(TokenizerUpdateWeightsMixin, TokenizerCommunicatorMixin, 
             for rid in [r for r, t in self._preparing.items() if now - t > max_age_s]:
                 self._forget_preparing(rid)  # prepared, never sent: its caller went away
 
-    # ------------------------------------------------------------------ tokenizer only
-    async def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        """Token ids of each text with the server's tokenizer (no chat template), off the event loop."""
-        def run() -> list[list[int]]:  # bounded and laned as prompts are (tokenizer_lanes.py)
-            return [self.builder.lanes.encode(t, add_special_tokens) for t in texts]
-
-        return await asyncio.get_running_loop().run_in_executor(self._request_pool, run)
-
-    async def detokenize(self, seqs: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
-        """The text of each id sequence; an id outside the vocabulary is a 400 naming it."""
-        for ids in seqs:
-            check_input_ids(ids, self.builder.vocab_size)
-            self.builder.lanes.check_ids(ids)
-
-        def run() -> list[str]:
-            return [self.builder.lanes.decode(ids, skip_special_tokens) for ids in seqs]
-
-        return await asyncio.get_running_loop().run_in_executor(self._request_pool, run)
 
 def _log_send_failure(fut: asyncio.Future) -> None:
     if not fut.cancelled() and fut.exception() is not None:

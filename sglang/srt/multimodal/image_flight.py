@@ -19,8 +19,10 @@ The digest that keys bytes uses the server's image hash algorithm (SGLANG_MM_HAS
 strong as the cache key the image gets anyway. Shared results are read-only by contract: the pixels of one
 `ProcessedImage` may back items of several requests (transports copy them, nothing writes them in place).
 
-Designed to move as is into preprocessing worker processes: `identify` and the flight stay where requests
-arrive, `_load` is the part a worker would run.
+**Worker processes** (`--mm-processor-worker-num`, `mm_worker_pool.py`). `identify` and the flight stay where
+requests arrive; the per-image work (`load_processed_image`) runs in a worker, which returns the pixels as a
+shared-memory segment. A segment name has one owner, so a flight shared by several requests is split: the
+leader's request keeps the worker's name and every other one gets a hard link of its own (`split`).
 """
 
 from __future__ import annotations
@@ -36,14 +38,18 @@ from sglang.srt.utils.single_flight import SingleFlight
 
 
 class SharedImageLoader:
-    def __init__(self, processor, fetcher=None, key_algo: str = "xxh3_128", hash_algo: str | None = None):
+    def __init__(self, processor, fetcher=None, key_algo: str = "xxh3_128", hash_algo: str | None = None,
+                 remote=None):
         """`processor`: has `load_and_process_image(source, cfg)` and `allowed_local_media_path`; `fetcher`:
         url -> bytes (None: URLs are refused); `key_algo`: digest of the bytes keys; `hash_algo`: the item
-        hash computed in the flight (None: left to the caller, e.g. the scheduler's baseline sha256)."""
+        hash computed in the flight (None: left to the caller, e.g. the scheduler's baseline sha256);
+        `remote`: the preprocessing worker pool (`load_image(source, cfg)`, `share(result, n)`) that loads
+        encoded images and URLs (None: every image is loaded here, in the caller's thread)."""
         self.processor = processor
         self.fetcher = fetcher
         self.key_algo = key_algo
         self.hash_algo = hash_algo
+        self.remote = remote
         self.flight = SingleFlight()
         self._lock = threading.Lock()
         self.duplicates = 0  # images that reused an identical image of the same request
@@ -63,7 +69,11 @@ class SharedImageLoader:
         """The `ProcessedImage` of `source` under `cfg` (None: the processor's own config), shared with
         concurrent loads of the same key and config (no config and the processor's own are one)."""
         same = cfg if cfg is not None else getattr(self.processor, "image_processor", None)
-        return self.flight.run(None if key is None else (key, same), lambda: self._load(source, cfg))
+        key = None if key is None else (key, same)
+        remote = self.remote
+        if remote is not None and isinstance(source, (bytes, str)):  # encoded bytes or a URL: a worker's job
+            return self.flight.run(key, lambda: remote.load_image(source, cfg), split=remote.share)
+        return self.flight.run(key, lambda: self._load(source, cfg))
 
     def note_duplicates(self, n: int) -> None:
         if n:
@@ -78,16 +88,22 @@ class SharedImageLoader:
         return {"mm_images_processed": self.flight.leaders, "mm_images_shared": self.flight.joined + dup}
 
     def _load(self, source: Any, cfg):
-        if is_http_url(source):
-            if self.fetcher is None:
-                raise ImageLoadError("loading images from http(s) URLs is not enabled here: pass the image as "
-                                     "base64, a data URL or raw bytes")
-            source = self.fetcher(source)
-        pim = self.processor.load_and_process_image(source, cfg)
-        if self.hash_algo is not None:
-            item = MultimodalDataItem(Modality.IMAGE, pim.pixel_values, tuple(pim.grid_thw), pixel_norm=pim.norm)
-            pim.hash = item_hash(item, self.hash_algo)
-        return pim
+        return load_processed_image(self.processor, self.fetcher, source, cfg, self.hash_algo)
 
 
-__all__ = ["SharedImageLoader"]
+def load_processed_image(processor, fetcher, source: Any, cfg, hash_algo: str | None):
+    """Fetch (an http(s) URL, with `fetcher`), decode, preprocess and hash (with `hash_algo`, if any) one
+    image: a pure function of the source and the config, run by the flight's leader or by a worker."""
+    if is_http_url(source):
+        if fetcher is None:
+            raise ImageLoadError("loading images from http(s) URLs is not enabled here: pass the image as "
+                                 "base64, a data URL or raw bytes")
+        source = fetcher(source)
+    pim = processor.load_and_process_image(source, cfg)
+    if hash_algo is not None:
+        item = MultimodalDataItem(Modality.IMAGE, pim.pixel_values, tuple(pim.grid_thw), pixel_norm=pim.norm)
+        pim.hash = item_hash(item, hash_algo)
+    return pim
+
+
+__all__ = ["SharedImageLoader", "load_processed_image"]

@@ -9,6 +9,11 @@ Invariant: a waiter only ever waits on a computation that is already running in 
 leader registers the key and runs it without waiting on anything of this object), so waiting cannot
 deadlock a thread pool however few threads it has, as long as the computation does not itself wait on
 another key of the same flight.
+
+A result that must not be shared as one object (it owns something each caller must own alone: a shared-
+memory segment name) is handed out through `split`: the leader learns how many callers the flight has once
+its key is retired (no caller can join after that), asks `split(result, n)` for n parts, and every caller
+gets its own part, exactly one each.
 """
 
 from __future__ import annotations
@@ -20,46 +25,68 @@ from typing import Callable, Hashable, TypeVar
 T = TypeVar("T")
 
 
+class _Flight:
+    __slots__ = ("future", "seats", "split")
+
+    def __init__(self, split: bool):
+        self.future: Future = Future()
+        self.seats = 0  # callers that joined the leader
+        self.split = split  # the outcome is a list of parts, one per caller (the leader's first)
+
+
 class SingleFlight:
     def __init__(self):
         self._cond = threading.Condition()
-        self._inflight: dict[Hashable, Future] = {}
+        self._inflight: dict[Hashable, _Flight] = {}
         self.leaders = 0  # computations run (one per key and flight)
         self.joined = 0  # calls that waited on a computation another caller was running
 
-    def run(self, key: Hashable | None, fn: Callable[[], T]) -> T:
-        """`fn()`, shared with every concurrent call of the same `key` (None: never shared)."""
+    def run(self, key: Hashable | None, fn: Callable[[], T],
+            split: Callable[[T, int], list[T]] | None = None) -> T:
+        """`fn()`, shared with every concurrent call of the same `key` (None: never shared). With `split`,
+        each caller gets its own part of the result (`split(result, callers)`, called once by the leader);
+        concurrent calls of one key must agree on whether they split."""
         if key is None:
             with self._cond:
                 self.leaders += 1
             return fn()
         with self._cond:
-            fut = self._inflight.get(key)
-            if fut is None:
-                fut = self._inflight[key] = Future()
+            flight = self._inflight.get(key)
+            if flight is None:
+                flight = self._inflight[key] = _Flight(split is not None)
                 self.leaders += 1
-                leader = True
+                seat = 0
             else:
+                flight.seats += 1
+                seat = flight.seats
                 self.joined += 1
-                leader = False
                 self._cond.notify_all()
-        if not leader:
-            return fut.result()  # the leader's result, or its exception raised here
+        if seat:
+            out = flight.future.result()  # the leader's result, or its exception raised here
+            return out[seat] if flight.split else out
         try:
             result = fn()
         except BaseException as e:
             self._finish(key)
-            fut.set_exception(e)
+            flight.future.set_exception(e)
             raise
-        self._finish(key)
-        fut.set_result(result)
-        return result
+        callers = self._finish(key) + 1
+        if split is None:
+            flight.future.set_result(result)
+            return result
+        try:
+            parts = split(result, callers)
+        except BaseException as e:
+            flight.future.set_exception(e)
+            raise
+        flight.future.set_result(parts)
+        return parts[0]
 
-    def _finish(self, key: Hashable) -> None:
+    def _finish(self, key: Hashable) -> int:
         # Removed before the outcome is published: a caller arriving now starts a new flight rather than
-        # joining one whose waiters are already being released.
+        # joining one whose waiters are already being released. Returns how many joined it.
         with self._cond:
-            del self._inflight[key]
+            return self._inflight.pop(key).seats
 
     def in_flight(self) -> int:
         with self._cond:

@@ -105,3 +105,61 @@ def test_base_exceptions_release_the_key(exc):
     with pytest.raises(exc):
         flight.run("k", boom)
     assert flight.in_flight() == 0 and flight.run("k", lambda: 1) == 1
+
+
+def _run_split_in_threads(flight: SingleFlight, work, split, n: int) -> list:
+    """`_run_in_threads` with `split`: the leader (first thread) is inside `work` before the others start."""
+    out: list = [None] * n
+    entered = threading.Event()
+
+    def call(i: int, f):
+        try:
+            out[i] = flight.run("k", f, split=split)
+        except BaseException as e:  # noqa: BLE001  collected for the assertions
+            out[i] = e
+
+    def leader_fn():
+        entered.set()
+        return work()
+
+    threads = [threading.Thread(target=call, args=(0, leader_fn))]
+    threads[0].start()
+    assert entered.wait(TIMEOUT)
+    threads += [threading.Thread(target=call, args=(i, work)) for i in range(1, n)]
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+        assert not t.is_alive()
+    return out
+
+
+def test_split_gives_every_caller_a_part_of_its_own():
+    """A result with one owner per part (a segment name): split once, for every caller of the flight."""
+    flight, splits = SingleFlight(), []
+
+    def work():
+        assert flight.wait_joined(3, TIMEOUT)
+        return "seg"
+
+    def split(result, n):
+        splits.append(n)
+        return [f"{result}-{i}" for i in range(n)]
+
+    out = _run_split_in_threads(flight, work, split, 4)
+    assert splits == [4] and out[0] == "seg-0" and sorted(out) == ["seg-0", "seg-1", "seg-2", "seg-3"]
+    assert flight.run("k", lambda: "alone", split=split) == "alone-0" and splits == [4, 1]
+
+
+def test_a_failed_split_fails_every_caller():
+    flight = SingleFlight()
+
+    def work():
+        assert flight.wait_joined(2, TIMEOUT)
+        return "seg"
+
+    def split(result, n):
+        raise OSError("cannot link")
+
+    out = _run_split_in_threads(flight, work, split, 3)
+    assert all(isinstance(o, OSError) and str(o) == "cannot link" for o in out) and flight.in_flight() == 0

@@ -40,6 +40,7 @@ from sglang.srt.multimodal.processors.base import (
     BaseMultimodalProcessor,
     MultimodalInputError,
 )
+from sglang.srt.multimodal.transport.shm import ShmPointerMMData, unlink_segments
 from sglang.srt.multimodal.processors.image_options import apply_server_overrides, request_image_config
 from sglang.srt.multimodal.processors.qwen_video import (
     ProcessedVideo,
@@ -261,7 +262,7 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         n_image_jobs = len(jobs)
         jobs += [(Modality.VIDEO, i, src, None) for i, src in enumerate(videos)]
         one = lambda job: self._load_one(job, len(images), len(videos), image_config, video_config, fetcher)  # noqa: E731
-        done = list(executor.map(one, jobs)) if executor is not None and len(jobs) > 1 else [one(j) for j in jobs]
+        done = _run_all(executor if len(jobs) > 1 else None, one, jobs)
         processed = [done[j] for j in alias] + done[n_image_jobs:]  # images (duplicates share), then videos
 
         out_ids: list[int] = []
@@ -349,7 +350,8 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         n_tok = t * gh * gw // self.spatial_merge_size**2
         start = len(out_ids)
         out_ids.extend([self.image_token_id] * n_tok)
-        feature = pim.pixel_values if isinstance(pim.pixel_values, EncodedImage) else torch.from_numpy(pim.pixel_values)
+        pv = pim.pixel_values  # a preprocessing worker's pixels are already in shared memory (a pointer)
+        feature = pv if isinstance(pv, (EncodedImage, ShmPointerMMData)) else torch.from_numpy(pv)
         return MultimodalDataItem(modality=Modality.IMAGE, feature=feature, image_grid_thw=(int(t), int(gh), int(gw)),
                                   offsets=[(start, start + n_tok)], spatial_merge_size=self.spatial_merge_size,
                                   pixel_norm=pim.norm, hash=pim.hash)
@@ -372,6 +374,37 @@ class QwenVLProcessor(BaseMultimodalProcessor):
             if len(self._timestamp_ids) < 65536:
                 self._timestamp_ids[text] = ids
         return list(ids)
+
+
+def _run_all(executor: Executor | None, fn, jobs: list) -> list:
+    """`fn` of every job in order (on `executor` when given), as `executor.map` would; when one fails its
+    error is raised at once, and the segments the other jobs' results own (a preprocessing worker's pixels)
+    are unlinked, now or when those jobs end: a failed request leaves nothing behind."""
+    if executor is None:
+        results: list = []
+        try:
+            for job in jobs:
+                results.append(fn(job))
+        except BaseException:
+            _release(results)
+            raise
+        return results
+    futures = [executor.submit(fn, job) for job in jobs]
+    for i, fut in enumerate(futures):
+        try:
+            fut.result()
+        except BaseException:
+            _release([f.result() for f in futures[:i]])
+            for f in futures[i + 1:]:
+                if not f.cancel():
+                    f.add_done_callback(lambda f: _release([f.result()]) if f.exception() is None else None)
+            raise
+    return [f.result() for f in futures]
+
+
+def _release(results) -> None:
+    unlink_segments([r.pixel_values.name for r in results
+                     if isinstance(getattr(r, "pixel_values", None), ShmPointerMMData)])
 
 
 def _named(e: ValueError, kind: Modality, idx: int) -> ValueError:

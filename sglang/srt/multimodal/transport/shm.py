@@ -22,6 +22,7 @@ Lifecycle, without the upstream failure modes:
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import uuid
@@ -29,6 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from sglang.srt.environ import envs
+
+logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 _PREFIX_ROOT = "sglang_mm_"
@@ -38,6 +43,18 @@ def segment_prefix(port: int, pid: int | None = None) -> str:
     """Names of one server instance's segments start with this: its port, then the pid of the process
     that launched it (its tokenizer manager), which is what tells a stale segment from a live one."""
     return f"{_PREFIX_ROOT}{port}_{os.getpid() if pid is None else pid}_"
+
+
+def use_shm_transport(server_args) -> bool:
+    """`--mm-feature-transport cpu` uses shared memory (SGLANG_MM_SHM_TRANSPORT, on by default), which
+    reaches only the ranks on this host: with ranks on other nodes, pixels go inline."""
+    if server_args.mm_feature_transport != "cpu" or not envs.SGLANG_MM_SHM_TRANSPORT.get():
+        return False
+    if server_args.nnodes > 1:
+        logger.warning("shared-memory transport needs every TP rank on one host; with --nnodes %d the "
+                       "pixels travel inline with the requests instead", server_args.nnodes)
+        return False
+    return True
 
 
 class ShmSpaceError(OSError):
@@ -189,9 +206,8 @@ def link_mm_items(mm_inputs, prefix: str) -> list[str]:
     def to_link(feature):
         if not isinstance(feature, ShmPointerMMData):
             return None
-        name = f"{prefix}{uuid.uuid4().hex}"
-        os.link(os.path.join(SHM_DIR, feature.name), os.path.join(SHM_DIR, name))
-        return ShmPointerMMData(name, feature.shape, feature.dtype, feature.offset, feature.nbytes), name
+        ptr = link_segment(feature, prefix)
+        return ptr, ptr.name
 
     names: list[str] = []
     linked: list[tuple[object, ShmPointerMMData]] = []
@@ -208,6 +224,34 @@ def link_mm_items(mm_inputs, prefix: str) -> list[str]:
         for item, ptr in linked:
             item.feature = ptr
         unlink_segments(names)
+        raise
+    return names
+
+
+def link_segment(ptr: ShmPointerMMData, prefix: str) -> ShmPointerMMData:
+    """Another name for `ptr`'s segment: a hard link named `<prefix><random>`, the same pages under a name
+    with an owner of its own."""
+    name = f"{prefix}{uuid.uuid4().hex}"
+    os.link(os.path.join(SHM_DIR, ptr.name), os.path.join(SHM_DIR, name))
+    return ShmPointerMMData(name, ptr.shape, ptr.dtype, ptr.offset, ptr.nbytes)
+
+
+def own_pointers(mm_inputs, prefix: str) -> list[str]:
+    """The segment names a request's items already point at (written by a preprocessing worker), each
+    owned by this request alone: an item repeating a name another item of the request holds (one image
+    given twice) gets a hard link of its own. On failure every one of them is unlinked (the request
+    fails with the error)."""
+    names: list[str] = []
+    try:
+        for item in mm_inputs.mm_items:
+            ptr = item.feature
+            if isinstance(ptr, ShmPointerMMData):
+                if ptr.name in names:
+                    ptr = item.feature = link_segment(ptr, prefix)
+                names.append(ptr.name)
+    except BaseException:
+        unlink_segments(set(names) | {it.feature.name for it in mm_inputs.mm_items
+                                      if isinstance(it.feature, ShmPointerMMData)})
         raise
     return names
 
