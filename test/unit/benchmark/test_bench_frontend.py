@@ -1,6 +1,7 @@
 """benchmark/multimodal/bench_frontend.py on a few chats: every mode's summary row is complete and its counts
 add up (each image either processed or taken from another's flight; unique images are all processed), the
-compact mode really sends one frame, and nothing prepared is left in the manager."""
+compact mode really sends one frame, nothing prepared is left in the manager, and with a preprocessing worker
+the pixel work is counted in the worker, not in the main process."""
 
 from __future__ import annotations
 
@@ -38,3 +39,13 @@ def test_the_compact_mode_builds_one_frame_per_image(bench, tiny_model_dir):
     finally:
         tm.builder.close()
         tm._request_pool.shutdown(wait=False)
+
+
+def test_with_a_worker_the_pixel_work_leaves_the_main_process(bench, tiny_model_dir):
+    """--workers 1: the images are processed in the worker process, whose CPU is reported apart and outweighs
+    what the tokenizer manager's process spends on the same chats."""
+    model = bench.model_copy(str(tiny_model_dir("qwen3-vl-tiny")))
+    urls = [bench.jpeg_data_url(s) for s in range(4)]
+    row = bench.run_mode(model, "unique", urls[:1], urls[1:], concurrency=2, workers=1)
+    assert row["workers"] == 1 and row["images_processed"] == 3, row
+    assert len(row["worker_cpu_s"]) == 1 and row["worker_cpu_s"][0] > row["main_process_cpu_s"] > 0, row
