@@ -6,6 +6,14 @@ penalties, output processing. The real in-process `Scheduler` on the tiny Qwen3-
     python benchmark/performance/bench_host_overhead.py --legacy-penalties   # the per-step rebuild
     python benchmark/performance/bench_host_overhead.py --workloads stop --legacy-stop-check  # a decode a step
     python benchmark/performance/bench_host_overhead.py --overlap-device-ms 2,8  # overlap scheduler on/off
+    python benchmark/performance/bench_host_overhead.py --counter bytecodes --json counts.json  # load-independent
+    python benchmark/performance/bench_host_overhead.py --counter instructions --repo /tmp/wt_old  # needs a PMU
+
+--counter instructions | bytecodes: what a decode step costs counted instead of timed (step_counter.py):
+retired user-space instructions of the scheduler thread (perf_event_open; refused in one line without a
+hardware PMU), or Python bytecodes it executes (Python-level work only: C/C++ adds nothing). The ms per
+step of a separate untraced run stays beside the count. JSON: {workload: {"<bs>": {"<counter>_per_step": n,
+"host_ms_per_step": x, ...}}}. --repo imports sglang from another tree under this harness (old/new A/B).
 
 --overlap-device-ms: how much of a step's host time the overlap scheduler hides. The forward is a stub
 that waits the given milliseconds without holding the GIL (a device running the step), the rest of
@@ -29,8 +37,8 @@ How host time is isolated on a CPU-only machine (where the "device" is the CPU t
   they all finish (every request has the same output length) is reported apart as finishing_step_ms:
   releasing a request (KV slots back to the allocator, its last output) is work per request, and
   there it is all of them at once;
-- the clock is this thread's CPU time (`time.thread_time`), so other processes on a shared machine
-  do not inflate it; the figure is the mean over every decode step of the run.
+- the clock is this thread's CPU time (`time.thread_time`), so other processes' CPU is not counted
+  (load still moves it: --counter counts instead); the figure is the mean over every decode step of the run.
 Not included: the ZMQ send itself (the output is pickled, as send_pyobj does, and dropped), and the
 device's launch cost of the elided ops.
 
@@ -49,244 +57,23 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import pickle
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
-
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
-WORKLOADS = {
-    "greedy": dict(temperature=0.0),
-    "sampled": dict(temperature=0.8, top_p=0.95),
-    "penalties": dict(temperature=0.0, repetition_penalty=1.1, frequency_penalty=0.5, presence_penalty=0.3),
-    "stop": dict(temperature=0.0, stop=["</answer>", "\n\nUser:"]),
-}
-
-
-class DecodeEveryStep:
-    """The stop-string check before `StopStrings`: the window decoded at every step."""
-
-    window_decodes = 0
-
-    def check(self, tokenizer, output_ids, stop):
-        from sglang.srt.sampling.stop_strings import stop_in_tail
-
-        self.window_decodes += 1
-        return stop_in_tail(tokenizer, output_ids, stop)
-CLOCK = time.thread_time
-
-
-def _scan(xs, min_numel: int) -> tuple[bool, bool]:
-    """(any tensor, any tensor of >= min_numel elements) among xs and lists / tuples inside them."""
-    has = large = False
-    for x in xs:
-        if isinstance(x, torch.Tensor):
-            has = True
-            if x.numel() >= min_numel:
-                return True, True
-        elif isinstance(x, (list, tuple)):
-            h, lg = _scan(x, min_numel)
-            has |= h
-            if lg:
-                return True, True
-    return has, large
-
-
-# ops whose schema says "may return an alias" that copy when they must (a dtype change, a strided input)
-_MAY_COPY = {"to", "reshape", "contiguous", "flatten", "type_as"}
-
-
-class ElideDeviceWork(TorchDispatchMode):
-    """Ops touching a tensor of >= min_numel elements are not computed (see the module docstring);
-    views run for real (no data is touched). Factory ops are checked by their output size. The CPU
-    time spent on an elided op, from the hook's entry on, is added to `elided_s`."""
-
-    def __init__(self, min_numel: int):
-        super().__init__()
-        self.min_numel = min_numel
-        self.elided_s = 0.0
-        self.elided = 0
-        self.ran = 0
-        self.fallbacks = 0  # ops without a usable meta kernel: run for real, counted as host
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        t0 = CLOCK()
-        kwargs = kwargs or {}
-        has_tensor, large = _scan(args, self.min_numel)
-        if kwargs:
-            h, lg = _scan(kwargs.values(), self.min_numel)
-            has_tensor, large = has_tensor or h, large or lg
-        if (func.is_view and func._overloadpacket.__name__ not in _MAY_COPY) or (has_tensor and not large):
-            self.ran += 1
-            return func(*args, **kwargs)
-        real_of: dict[int, torch.Tensor] = {}
-
-        def to_meta(x):
-            if not isinstance(x, torch.Tensor):
-                return x
-            m = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-            real_of[id(m)] = x
-            return m
-
-        try:
-            m_args, m_kwargs = tree_map(to_meta, (args, kwargs))
-            if not has_tensor and "device" in m_kwargs:
-                m_kwargs["device"] = "meta"
-            m_out = func(*m_args, **m_kwargs)
-        except Exception:
-            self.fallbacks += 1
-            self.ran += 1
-            return func(*args, **kwargs)
-        if not has_tensor and not any(isinstance(x, torch.Tensor) and x.numel() >= self.min_numel
-                                      for x in tree_leaves(m_out)):
-            self.ran += 1  # a small factory op: made for real
-            return func(*args, **kwargs)
-
-        def to_real(x):
-            if not isinstance(x, torch.Tensor):
-                return x
-            if id(x) in real_of:  # in-place, out= or aliasing result: the real argument
-                return real_of[id(x)]
-            if x.numel() >= self.min_numel:
-                return torch.empty(x.shape, dtype=x.dtype)
-            return torch.zeros(x.shape, dtype=x.dtype)
-
-        out = tree_map(to_real, m_out)
-        self.elided += 1
-        self.elided_s += CLOCK() - t0
-        return out
-
-
-def hook_overhead_s(n: int = 5_000) -> float:
-    """CPU seconds the dispatch hook adds to a small op that it runs for real: the median over a mix
-    of ops shaped like the step's (tensor pairs, tensor lists, index lists), best of three rounds."""
-    a, b = torch.ones(4), torch.ones(4)
-    i = torch.tensor([0, 2])
-    ops = [lambda: torch.add(a, b), lambda: torch.cat([a, b, a]), lambda: a.index_put((i,), b[:2]),
-           lambda: torch.where(a > 0, a, b), lambda: a.to(torch.int64)]
-
-    def loop(op):
-        t0 = CLOCK()
-        for _ in range(n):
-            op()
-        return CLOCK() - t0
-
-    costs = []
-    for op in ops:
-        loop(op)
-        best = float("inf")
-        for _ in range(3):
-            bare = loop(op)
-            with ElideDeviceWork(1 << 40):
-                hooked = loop(op)
-            best = min(best, (hooked - bare) / n)
-        costs.append(best)
-    costs.sort()
-    return max(costs[len(costs) // 2], 0.0)
-
-
-class HostOverheadRun:
-    """One scheduler with `bs` requests of `prompt_len` random tokens, decoding `output_len` tokens."""
-
-    def __init__(self, model_path: str, bs: int, prompt_len: int, output_len: int, params: dict,
-                 legacy_penalties: bool = False, elide: bool = True, legacy_stop_check: bool = False,
-                 overlap: bool = False, device_ms: float = 0.0):
-        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-        from sglang.srt.managers.scheduler import Scheduler
-        from sglang.srt.sampling.sampling_params import SamplingParams
-        from sglang.srt.server_args import ServerArgs
-
-        total = bs * (prompt_len + output_len + 8) + 64
-        args = ServerArgs(model_path=model_path, dtype="float32", device="cpu", max_total_tokens=total,
-                          max_running_requests=bs, context_length=prompt_len + output_len + 16,
-                          disable_radix_cache=True, random_seed=0, disable_overlap_schedule=not overlap)
-        import os
-
-        # a CPU device runs step by step unless asked (SGLANG_OVERLAP_SCHEDULE_ON_CPU); the A/B asks
-        before = os.environ.pop("SGLANG_OVERLAP_SCHEDULE_ON_CPU", None)
-        if overlap:
-            os.environ["SGLANG_OVERLAP_SCHEDULE_ON_CPU"] = "1"
-        try:
-            self.sched = sched = Scheduler(args, None)
-        finally:
-            os.environ.pop("SGLANG_OVERLAP_SCHEDULE_ON_CPU", None)
-            if before is not None:
-                os.environ["SGLANG_OVERLAP_SCHEDULE_ON_CPU"] = before
-        assert sched.enable_overlap is overlap, "the overlap A/B must run both loops"
-        if legacy_stop_check:
-            sched._stop_strings = DecodeEveryStep()
-        sched.send = lambda obj: pickle.dumps(obj)  # what send_pyobj does before the socket
-        worker = sched.worker
-        runner = worker.model_runner
-        if legacy_penalties:
-            from sglang.srt.sampling.penalties import RebuiltPenaltyState
-
-            worker.penalties = RebuiltPenaltyState(worker.vocab_size, runner.device)
-        self.vocab = worker.vocab_size
-        logits = torch.randn(bs, self.vocab, generator=torch.Generator().manual_seed(0))
-
-        self.mode = ElideDeviceWork(self.vocab) if elide else None
-        self._hooked = False
-
-        def fake_forward(fb):
-            if self.mode is not None:  # hooked from here to the end of the worker's step
-                self.mode.__enter__()
-                self._hooked = True
-            runner.req_to_token_pool.apply_pending()
-            if device_ms:
-                time.sleep(device_ms / 1e3)  # the device's share: the host thread waits, the GIL is free
-            return LogitsProcessorOutput(next_token_logits=logits[: fb.batch_size])
-
-        runner.forward = fake_forward
-        real = worker.forward_batch_generation
-
-        def forward_batch_generation(*a, **kw):
-            try:
-                return real(*a, **kw)
-            finally:
-                if self._hooked:
-                    self._hooked = False
-                    self.mode.__exit__(None, None, None)
-
-        worker.forward_batch_generation = forward_batch_generation
-        g = torch.Generator().manual_seed(1)
-        for i in range(bs):
-            ids = torch.randint(0, 150_000, (prompt_len,), generator=g).tolist()
-            sp = SamplingParams(max_new_tokens=output_len, ignore_eos=True, **params)
-            sched.process_input_requests([TokenizedGenerateReqInput(f"r{i}", ids, sp, None, False)])
-        self.bs = bs
-
-    def prefill(self) -> None:
-        s = self.sched
-        while s.waiting or s.chunked_req is not None:
-            s.step()
-        assert len(s.running) == self.bs, (len(s.running), self.bs)
-
-    def decode_step(self) -> tuple[float, int, int, bool] | None:
-        """One decode step: (host CPU seconds, ops run, ops elided, whether requests finished in it);
-        None when idle."""
-        s = self.sched
-        if s.is_idle():
-            return None
-        mode = self.mode
-        e0, r0, n0 = (mode.elided_s, mode.ran, mode.elided) if mode else (0.0, 0, 0)
-        before = len(s.running)
-        t0 = CLOCK()
-        s.step()
-        dt = CLOCK() - t0
-        finished = len(s.running) < before
-        if mode is None:
-            return dt, 0, 0, finished
-        return dt - (mode.elided_s - e0), mode.ran - r0, mode.elided - n0, finished
+from host_overhead_run import (  # noqa: E402
+    CLOCK,
+    HARNESS_CODES,
+    WORKLOADS,
+    HostOverheadRun,
+    hook_overhead,
+)
 
 
 def sampler_vocab_passes(model_path: str, bs: int = 8) -> tuple[int, dict]:
@@ -347,6 +134,97 @@ def main_overlap(args, model_path: str) -> int:
     return 0
 
 
+def measure(run: HostOverheadRun, hook_cost: float, bar=None) -> dict:
+    """Every decode step of a prefilled run: the mean (and median) cost over the steps in which no request
+    finishes, the finishing step apart (releasing a request is work per request, and there it is all of
+    them at once); in the run's meter unit, the hook's cost per op run for real subtracted."""
+    gc.collect()  # the previous runs' garbage is not this run's cost
+    per_step, finishing, ops, elided = [], [], 0, 0
+    while (r := run.decode_step()) is not None:
+        dt, ran, el, finished = r
+        host = dt - ran * hook_cost
+        if finished:
+            finishing.append(host)
+            continue
+        per_step.append(host)
+        ops += ran
+        elided += el
+        if bar is not None:
+            bar.update(1)
+    steps = len(per_step)
+    return {"mean": sum(per_step) / steps, "p50": statistics.median(per_step), "steps": steps,
+            "ops": ops / steps, "elided": elided / steps, "finishing": sum(finishing) / max(len(finishing), 1)}
+
+
+def time_cell(model_path: str, w: str, bs: int, args, hook_s: float, bar) -> tuple[dict, HostOverheadRun]:
+    """Host ms per decode step of one workload and batch size (this thread's CPU time)."""
+    run = HostOverheadRun(model_path, bs, args.prompt_len, args.output_len, WORKLOADS[w],
+                          legacy_penalties=args.legacy_penalties, legacy_stop_check=args.legacy_stop_check)
+    run.prefill()
+    m = measure(run, hook_s, bar)
+    cell = {"host_ms_per_step": round(m["mean"] * 1e3, 3), "host_ms_p50": round(m["p50"] * 1e3, 3),
+            "steps": m["steps"], "worker_ops_per_step": round(m["ops"], 1),
+            "elided_device_ops_per_step": round(m["elided"], 1), "finishing_step_ms": round(m["finishing"] * 1e3, 3)}
+    if "stop" in WORKLOADS[w]:  # tail decodes of the stop-string check, over the whole run
+        cell["stop_window_decodes"] = getattr(run.sched._stop_strings, "window_decodes", 0)
+    if run.mode.fallbacks:
+        print(f"note: {run.mode.fallbacks} ops of {w} bs={bs} ran for real (no meta kernel)", file=sys.stderr)
+    return cell, run
+
+
+def count_cell(model_path: str, w: str, bs: int, args, counter, hook_cost: float) -> dict:
+    """The counter's units per decode step of one workload and batch size, same requests as the timed run
+    (a separate run: tracing slows the step down, the ms figure comes from the untraced one)."""
+    run = HostOverheadRun(model_path, bs, args.prompt_len, args.output_len, WORKLOADS[w],
+                          legacy_penalties=args.legacy_penalties, legacy_stop_check=args.legacy_stop_check,
+                          counter=counter)
+    run.prefill()
+    if getattr(counter, "by_code", None) is not None:
+        counter.by_code.clear()
+    m = measure(run, hook_cost)
+    unit = args.counter
+    cell = {f"{unit}_per_step": round(m["mean"]), f"{unit}_p50": round(m["p50"]),
+            f"finishing_step_{unit}": round(m["finishing"])}
+    if args.profile_top and getattr(counter, "by_code", None):
+        n = m["steps"] + 1
+        print(f"\n{w} bs={bs}: {unit} per decode step by code object (top {args.profile_top})")
+        for name, k in counter.top(args.profile_top):
+            print(f"{k / n:>12,.0f}  {name}")
+    return cell
+
+
+def main_counter(args, model_path: str, sizes: list[int], workloads: list[str]) -> dict:
+    """--counter instructions | bytecodes: counts per decode step, the ms per step beside them."""
+    from step_counter import BytecodeCounter, CounterUnavailable, instruction_counter
+
+    if args.counter == "instructions":
+        try:  # opened on this thread, which runs the scheduler's steps
+            counter = instruction_counter()
+        except CounterUnavailable as e:
+            raise SystemExit(str(e)) from None
+        hook_cost = hook_overhead(meter=counter.read)
+    else:  # the hook's own Python is left out by code object (HARNESS_CODES): nothing to subtract
+        counter = BytecodeCounter(HARNESS_CODES, by_code=args.profile_top > 0)
+        hook_cost = 0.0
+    hook_s = hook_overhead()
+    results: dict = {w: {} for w in workloads}
+    for w in workloads:
+        for bs in sizes:
+            cell = count_cell(model_path, w, bs, args, counter, hook_cost)
+            timed, run = time_cell(model_path, w, bs, args, hook_s, None)
+            del run
+            cell.update({k: timed[k] for k in ("host_ms_per_step", "host_ms_p50", "finishing_step_ms", "steps")})
+            results[w][str(bs)] = cell
+            print(f"{w:<10} bs={bs:<4} {cell[f'{args.counter}_per_step']:>14,} {args.counter}/step "
+                  f"(median {cell[f'{args.counter}_p50']:,})  {cell['host_ms_per_step']:.3f} ms/step", flush=True)
+    if getattr(counter, "multiplexed", False):
+        print("warning: the instruction counter was multiplexed (shared the PMU): counts undercount", file=sys.stderr)
+    print(f"\n{args.counter} per decode step of the scheduler thread outside the model forward; prompt "
+          f"{args.prompt_len}, output {args.output_len}; Python {sys.version.split()[0]}; host ms per step "
+          f"(thread CPU, separate untraced run) beside it")
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch-sizes", default="1,64,128")
@@ -361,7 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--overlap-device-ms", default=None,
                     help="comma list: compare the overlap scheduler off/on with a forward of this many ms")
+    ap.add_argument("--counter", choices=("time", "instructions", "bytecodes"), default="time",
+                    help="what a decode step costs: thread CPU ms (time), retired user-space instructions of "
+                         "the scheduler thread (perf_event_open; needs a hardware PMU), or Python bytecodes")
+    ap.add_argument("--profile-top", type=int, default=0,
+                    help="--counter bytecodes: print the N code objects with most bytecodes per step")
+    ap.add_argument("--repo", default=None,
+                    help="import sglang from this tree instead (e.g. a git worktree of an older commit)")
     args = ap.parse_args(argv)
+    repo = str(Path(args.repo).resolve()) if args.repo else str(REPO)
+    if args.repo and "sglang" in sys.modules and not sys.modules["sglang"].__file__.startswith(repo):
+        raise SystemExit(f"--repo {repo}: sglang is already imported from {sys.modules['sglang'].__file__}")
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
 
     import logging
 
@@ -375,43 +265,25 @@ def main(argv: list[str] | None = None) -> int:
         return main_overlap(args, model_path)
     sizes = [int(x) for x in args.batch_sizes.split(",") if x]
     workloads = [w for w in args.workloads.split(",") if w]
-    hook_s = hook_overhead_s()
+    if args.counter != "time":
+        results = main_counter(args, model_path, sizes, workloads)
+        print(f"{'workload':<10}" + "".join(f"{'bs=' + str(b):>24}" for b in sizes))
+        for w in workloads:
+            print(f"{w:<10}" + "".join(f"{c[args.counter + '_per_step']:>14,} ({c['host_ms_per_step']:.3f} ms)"
+                                       for c in (results[w][str(b)] for b in sizes)))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+            print(f"wrote {args.json}")
+        return 0
+    hook_s = hook_overhead()
     results: dict = {w: {} for w in workloads}
-    total_steps = len(sizes) * len(workloads) * (args.output_len - 2)
-    bar = tqdm(total=total_steps, desc="decode steps", unit="step")
+    bar = tqdm(total=len(sizes) * len(workloads) * (args.output_len - 2), desc="decode steps", unit="step")
     for w in workloads:
         for bs in sizes:
             bar.set_postfix_str(f"{w} bs={bs}")
-            run = HostOverheadRun(model_path, bs, args.prompt_len, args.output_len, WORKLOADS[w],
-                                  legacy_penalties=args.legacy_penalties, legacy_stop_check=args.legacy_stop_check)
+            results[w][str(bs)], run = time_cell(model_path, w, bs, args, hook_s, bar)
             penalties_on_device = type(getattr(run.sched.worker, "penalties", None)).__name__ == "PenaltyState"
             vocab = run.vocab
-            run.prefill()
-            gc.collect()  # the previous runs' garbage is not this run's cost
-            per_step, finishing, ops, elided = [], [], 0, 0
-            while (r := run.decode_step()) is not None:
-                dt, ran, el, finished = r
-                host = dt - ran * hook_s
-                if finished:  # the requests' release (KV free, outputs) is per request, not per step
-                    finishing.append(host)
-                    continue
-                per_step.append(host)
-                ops += ran
-                elided += el
-                bar.update(1)
-            steps = len(per_step)
-            results[w][str(bs)] = {
-                "host_ms_per_step": round(sum(per_step) * 1e3 / steps, 3),
-                "host_ms_p50": round(statistics.median(per_step) * 1e3, 3),
-                "steps": steps,
-                "worker_ops_per_step": round(ops / steps, 1),
-                "elided_device_ops_per_step": round(elided / steps, 1),
-                "finishing_step_ms": round(sum(finishing) * 1e3 / max(len(finishing), 1), 3),
-            }
-            if "stop" in WORKLOADS[w]:  # tail decodes of the stop-string check, over the whole run
-                results[w][str(bs)]["stop_window_decodes"] = getattr(run.sched._stop_strings, "window_decodes", 0)
-            if run.mode.fallbacks:
-                print(f"note: {run.mode.fallbacks} ops of {w} bs={bs} ran for real (no meta kernel)", file=sys.stderr)
             del run
     bar.close()
     passes, by_op = sampler_vocab_passes(model_path)
