@@ -260,8 +260,7 @@ class RadixCache:
         last child is gone. Returns the tokens freed."""
         if self.disable or (num_tokens <= 0 and snapshots <= 0):
             return 0
-        heap = [(n.last_access, n.id, n) for n in self._nodes()
-                if not n.children and n.lock_ref == 0 and n is not self.root]
+        heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
         heapq.heapify(heap)
         freed = freed_snapshots = 0
         while heap and (freed < num_tokens or freed_snapshots < snapshots):

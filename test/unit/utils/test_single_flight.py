@@ -13,15 +13,15 @@ from sglang.srt.utils.single_flight import SingleFlight
 TIMEOUT = 60  # generous: the machine is shared and slow; a hang fails the test instead of blocking
 
 
-def _run_in_threads(flight: SingleFlight, key, fn, n: int) -> list:
-    """n calls of flight.run(key, fn) in threads, the first one started (and inside fn) before the others
-    begin; returns each call's result or exception."""
+def _run_in_threads(flight: SingleFlight, key, fn, n: int, **run_kwargs) -> list:
+    """n calls of flight.run(key, fn, **run_kwargs) in threads, the first one started (and inside fn) before
+    the others begin; returns each call's result or exception."""
     out: list = [None] * n
     entered = threading.Event()
 
     def call(i: int, f):
         try:
-            out[i] = flight.run(key, f)
+            out[i] = flight.run(key, f, **run_kwargs)
         except BaseException as e:  # noqa: BLE001  collected for the assertions
             out[i] = e
 
@@ -107,33 +107,6 @@ def test_base_exceptions_release_the_key(exc):
     assert flight.in_flight() == 0 and flight.run("k", lambda: 1) == 1
 
 
-def _run_split_in_threads(flight: SingleFlight, work, split, n: int) -> list:
-    """`_run_in_threads` with `split`: the leader (first thread) is inside `work` before the others start."""
-    out: list = [None] * n
-    entered = threading.Event()
-
-    def call(i: int, f):
-        try:
-            out[i] = flight.run("k", f, split=split)
-        except BaseException as e:  # noqa: BLE001  collected for the assertions
-            out[i] = e
-
-    def leader_fn():
-        entered.set()
-        return work()
-
-    threads = [threading.Thread(target=call, args=(0, leader_fn))]
-    threads[0].start()
-    assert entered.wait(TIMEOUT)
-    threads += [threading.Thread(target=call, args=(i, work)) for i in range(1, n)]
-    for t in threads[1:]:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
-        assert not t.is_alive()
-    return out
-
-
 def test_split_gives_every_caller_a_part_of_its_own():
     """A result with one owner per part (a segment name): split once, for every caller of the flight."""
     flight, splits = SingleFlight(), []
@@ -146,7 +119,7 @@ def test_split_gives_every_caller_a_part_of_its_own():
         splits.append(n)
         return [f"{result}-{i}" for i in range(n)]
 
-    out = _run_split_in_threads(flight, work, split, 4)
+    out = _run_in_threads(flight, "k", work, 4, split=split)
     assert splits == [4] and out[0] == "seg-0" and sorted(out) == ["seg-0", "seg-1", "seg-2", "seg-3"]
     assert flight.run("k", lambda: "alone", split=split) == "alone-0" and splits == [4, 1]
 
@@ -161,5 +134,5 @@ def test_a_failed_split_fails_every_caller():
     def split(result, n):
         raise OSError("cannot link")
 
-    out = _run_split_in_threads(flight, work, split, 3)
+    out = _run_in_threads(flight, "k", work, 3, split=split)
     assert all(isinstance(o, OSError) and str(o) == "cannot link" for o in out) and flight.in_flight() == 0
