@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, is_, itemgetter
 
 import torch
 
@@ -109,7 +111,7 @@ class Req:
     def append_kv_slots(self, slots: torch.Tensor) -> None:
         """Slots (host int64) for the next kv tokens, already written to the request's table row."""
         self._kv_tail.append(slots)
-        self._kv_len += int(slots.numel())
+        self._kv_len += slots.numel()
 
     @property
     def kv_len(self) -> int:
@@ -160,6 +162,10 @@ class Req:
         return f"Req(rid={self.rid}, kv={self.kv_len}, fill={len(self.fill_ids)}, out={len(self.output_ids)})"
 
 
+_OUTPUT_IDS, _KV_LEN, _MM_INPUTS = attrgetter("output_ids"), attrgetter("_kv_len"), attrgetter("mm_inputs")
+_REQ_POOL_IDX, _RID, _LAST = attrgetter("req_pool_idx"), attrgetter("rid"), itemgetter(-1)
+
+
 @dataclass
 class ScheduleBatch:
     """Requests run together in one forward step, with what each contributes."""
@@ -201,14 +207,18 @@ class ScheduleBatch:
                 seq_lens.append(pre + n)
             positions = torch.cat(pos, dim=1)
         else:  # host ints only: positions are seq_len - 1 + delta, made on the device
-            ids = [r.output_ids[-1] for r in self.reqs]
-            seq_lens = [r.kv_len for r in self.reqs]  # the new token's KV slot is already appended
-            deltas = [mrope_delta(r.mm_inputs) for r in self.reqs]
+            # per-request reads as C-level maps (no Python frame per request): a decode step's hot loop
+            reqs = self.reqs
+            ids = list(map(_LAST, map(_OUTPUT_IDS, reqs)))
+            seq_lens = list(map(_KV_LEN, reqs))  # kv_len: the new token's KV slot is already appended
+            mm = list(map(_MM_INPUTS, reqs))
+            # text-only batch: every delta is 0, which build_forward_batch assumes when given none
+            deltas = None if all(map(is_, mm, repeat(None))) else [mrope_delta(m) for m in mm]
         return build_forward_batch(
-            self.mode, ids, positions, [r.req_pool_idx for r in self.reqs], seq_lens,
+            self.mode, ids, positions, list(map(_REQ_POOL_IDX, self.reqs)), seq_lens,
             self.out_cache_loc, device, self.extend_lens, self.prefix_lens, mrope_deltas=deltas,
             mm_inputs=[r.mm_inputs for r in self.reqs] if self.mode.is_extend() else [],
-            rids=[r.rid for r in self.reqs],
+            rids=list(map(_RID, self.reqs)),
             stage_timings=[r.stage_timings_ms for r in self.reqs] if stage_timer_on else None,
             stage_totals={} if stage_timer_on else None,
             gdn_captures=self.gdn_captures if self.mode.is_extend() else None,

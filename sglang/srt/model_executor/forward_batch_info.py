@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum, auto
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from sglang.srt.utils.host_tensors import host_int64
 
 if TYPE_CHECKING:
     from sglang.srt.multimodal.embedder import MultimodalEmbedder
@@ -80,11 +83,8 @@ class ForwardBatch:
 
 
 def _cumsum0(xs: list[int]) -> list[int]:
-    out, acc = [0], 0
-    for x in xs:
-        acc += x
-        out.append(acc)
-    return out
+    """[0, x0, x0 + x1, ...]: the running sum in C (no Python step per element)."""
+    return list(accumulate(xs, initial=0))
 
 
 def build_forward_batch(
@@ -110,23 +110,30 @@ def build_forward_batch(
     per-request host tensor is made."""
     device = torch.device(device)
     b, t = len(seq_lens), len(input_ids)
-    q_lens = list(extend_lens) if mode.is_extend() else [1] * b
-    qo_indptr = _cumsum0(q_lens)
+    if mode.is_extend():
+        q_lens = list(extend_lens)
+        qo_indptr = _cumsum0(q_lens)
+        last_indices = [x - 1 for x in qo_indptr[1:]]
+    else:  # one token per request: the prefix sums and last-token indices are plain ranges
+        q_lens = [1] * b
+        qo_indptr = list(range(b + 1))
+        last_indices = list(range(b))
     if positions is None:
         if not mode.is_decode():
             raise ValueError("EXTEND batches need their positions (prompt tokens take the processor's)")
-        pos_part = torch.as_tensor([d - 1 for d in mrope_deltas] if mrope_deltas else [-1] * b, dtype=torch.int64)
+        pos_part = host_int64([d - 1 for d in mrope_deltas] if mrope_deltas else [-1] * b)
     else:
         pos_part = positions.to(torch.int64).reshape(-1)
+    # the host lists become tensors through `array` (host_int64), not torch's per-element parsing
     parts = [
-        torch.as_tensor(input_ids, dtype=torch.int64),
+        host_int64(input_ids),
         pos_part,
-        torch.as_tensor(req_pool_indices, dtype=torch.int64),
-        torch.as_tensor(seq_lens, dtype=torch.int64),
+        host_int64(req_pool_indices),
+        host_int64(seq_lens),
         out_cache_loc.to(torch.int64).reshape(-1),
-        torch.as_tensor(qo_indptr, dtype=torch.int64),
-        torch.as_tensor(_cumsum0(seq_lens), dtype=torch.int64),
-        torch.as_tensor([x - 1 for x in qo_indptr[1:]], dtype=torch.int64),
+        host_int64(qo_indptr),
+        host_int64(_cumsum0(seq_lens)),
+        host_int64(last_indices),
     ]
     host = torch.cat(parts)
     if device.type == "cuda":
