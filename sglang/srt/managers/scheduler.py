@@ -8,6 +8,7 @@ import logging
 import random
 import sys
 import traceback
+from operator import attrgetter
 
 import torch
 import zmq
@@ -40,6 +41,7 @@ from sglang.srt.server_args import PortArgs, ServerArgs, derive_max_running_requ
 from sglang.srt.metrics.stage_timer import VlmStageTimer, stage_timer_enabled
 
 logger = logging.getLogger(__name__)
+_TO_ABORT = attrgetter("to_abort")
 
 
 class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdateWeightsMixin, SchedulerOverlapMixin):
@@ -123,6 +125,10 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
         return self.update_running_batch()
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting and self.chunked_req is None:
+            # nothing to admit: no batch, and no admission budget to compute (a pass over every running
+            # request's decode reserve at every decode step); nothing below has a side effect without candidates
+            return None
         args = self.server_args
         if self._launched and self.waiting and args.enable_priority_scheduling and not args.disable_priority_preemption:
             self.resolve_in_flight()  # preemption takes KV back from running requests: decide on applied state
@@ -206,8 +212,7 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
     def update_running_batch(self) -> ScheduleBatch | None:
         if not self.running:
             return None
-        ps = self.kv.allocator.page_size
-        while self.kv.available_tokens() < ps * sum(r.kv_len % ps == 0 for r in self.running):
+        while self.kv.available_tokens() < self._decode_slots_needed():
             if self._launched:  # the step in flight may end requests and free KV: retract only on applied state
                 self.resolve_in_flight()
                 if not self.running:
@@ -229,6 +234,14 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
         batch = ScheduleBatch(ForwardMode.DECODE, list(self.running))
         batch.out_cache_loc = self.kv.extend_decode(self.running)
         return batch
+
+    def _decode_slots_needed(self) -> int:
+        """KV slots the next decode step allocates: a new page for each running request whose last page is
+        full; with pages of one token, one slot per request (kv_len % 1 == 0 always)."""
+        ps = self.kv.allocator.page_size
+        if ps == 1:
+            return len(self.running)
+        return ps * sum(r.kv_len % ps == 0 for r in self.running)
 
     def _retract(self, req: Req) -> None:
         """Out of KV for decoding: free this request's KV (its prefix goes to the radix cache) and
@@ -263,9 +276,10 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
         return False
 
     def _apply_aborts(self) -> None:
-        for req in [r for r in self.running if r.to_abort]:
-            self.running.remove(req)
-            self.finish(req, req.to_abort)
+        if any(map(_TO_ABORT, self.running)):  # a scan in C: a decode step usually has nothing to abort
+            for req in [r for r in self.running if r.to_abort]:
+                self.running.remove(req)
+                self.finish(req, req.to_abort)
         if self.chunked_req is not None and self.chunked_req.to_abort:
             req, self.chunked_req = self.chunked_req, None
             self.finish(req, req.to_abort)
