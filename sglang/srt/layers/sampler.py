@@ -17,10 +17,12 @@ from __future__ import annotations
 import random
 import sys
 from dataclasses import dataclass
+from itertools import repeat
 
 import torch
 
 from sglang.srt.environ import envs
+from sglang.srt.utils.host_tensors import host_float32, host_int64
 
 _M32 = 0xFFFFFFFF
 _U_MAX = 1.0 - 2.0**-24  # largest float32 below 1
@@ -121,22 +123,65 @@ class SamplingBatchInfo:
     def from_params(cls, params: list, seeds: list[int | None], vocab_size: int, device, steps: list[int],
                     rng: random.Random | None = None) -> "SamplingBatchInfo":
         """Host values packed into one float and one int tensor, each moved with one copy."""
+        return cls.from_columns(row_columns([sampling_row(p, vocab_size) for p in params]), device, steps, rng,
+                                seeds)
+
+    @classmethod
+    def from_columns(cls, cols: tuple[tuple, ...], device, steps: list[int], rng: random.Random | None = None,
+                     seeds: list[int | None] | None = None) -> "SamplingBatchInfo":
+        """`from_params` from the requests' `sampling_row`s as columns (`row_columns`; a caller may keep the
+        rows across steps: they depend on the params alone); `seeds` default to the rows' own. Only C-level
+        passes over the rows: no Python runs per request here."""
         rng = rng or random.Random(0)
-        temps = [0.0 if p.is_greedy else float(p.temperature) for p in params]
-        top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in params]
-        floats = torch.tensor([temps, [float(p.top_p) for p in params], [float(p.min_p) for p in params]],
-                              dtype=torch.float32).to(device, non_blocking=True)
-        row_seeds = [s if s is not None else rng.getrandbits(63) for s in seeds]
-        sort_ks = [k for k, p, t in zip(top_ks, params, temps) if t > 0.0 and (k < vocab_size or p.top_p < 1.0)]
-        ints = torch.tensor([top_ks, row_seeds, list(steps)], dtype=torch.int64).to(device, non_blocking=True)
+        temps, top_ps, min_ps, top_ks, row_seeds, filters, sort_ks = cols[:7]
+        floats = host_float32([*temps, *top_ps, *min_ps]).view(3, -1).to(device, non_blocking=True)
+        row_seeds = _draw_seeds(row_seeds if seeds is None else seeds, rng)
+        ints = host_int64([*top_ks, *row_seeds, *steps]).view(3, -1).to(device, non_blocking=True)
+        need_sort = any(sort_ks)  # a sorting row's k is >= 1; 0 marks a row that does not sort
         return cls(
             temperatures=floats[0].unsqueeze(1), top_ps=floats[1], min_ps=floats[2],
             top_ks=ints[0], seeds=ints[1], steps=ints[2],
-            all_greedy=all(t == 0.0 for t in temps),
-            need_filter=any(k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0 for k, p in zip(top_ks, params)),
-            need_sort=any(sort_ks),
-            max_top_k=max(sort_ks) if sort_ks else None,
+            all_greedy=not any(temps),  # temperatures are >= 0 (validated); 0.0 marks a greedy row
+            need_filter=any(filters),
+            need_sort=need_sort,
+            max_top_k=max(sort_ks) if need_sort else None,
         )
+
+
+# A sampling_row: (temperature (0.0: greedy), top_p, min_p, top_k (vocab when off), seed or None, filters,
+# sort k, then the flags the worker reads at its index below)
+ROW_HAS_PENALTY, ROW_BANS, ROW_LOGIT_BIAS, ROW_LOGPROBS = 7, 8, 9, 10
+_ROW_LEN = 11
+
+
+def sampling_row(p, vocab_size: int) -> tuple:
+    """One request's share of a SamplingBatchInfo, from its sampling params alone: `filters` when it uses
+    top-k, top-p or min-p; `sort k` its k when it is sampled with top-k or top-p (the torch path's sort),
+    else 0; and whether it has a penalty, min_new_tokens (its stop ids banned while below), a logit_bias
+    (non-empty), logprobs (return_logprob or top_logprobs_num)."""
+    temp = 0.0 if p.is_greedy else float(p.temperature)
+    top_k = vocab_size if p.top_k < 1 else min(p.top_k, vocab_size)
+    filters = top_k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0
+    sort_k = top_k if temp > 0.0 and (top_k < vocab_size or p.top_p < 1.0) else 0
+    return (temp, float(p.top_p), float(p.min_p), top_k, p.seed, filters, sort_k, p.has_penalty,
+            p.min_new_tokens > 0, bool(p.logit_bias), bool(p.return_logprob or p.top_logprobs_num))
+
+
+def row_columns(rows: list[tuple]) -> tuple[tuple, ...]:
+    """The rows' fields as columns, one tuple per field (in C)."""
+    return tuple(zip(*rows)) if rows else ((),) * _ROW_LEN
+
+
+def _draw_seeds(seeds, rng: random.Random) -> list[int]:
+    """Each row's seed, or for a row without one the next `rng.getrandbits(63)`, drawn in row order (the
+    server's sequence of draws follows --random-seed); the draws of an all-unseeded batch run in C."""
+    unseeded = seeds.count(None)
+    if unseeded == len(seeds):
+        return list(map(rng.getrandbits, repeat(63, unseeded)))
+    if not unseeded:
+        return list(seeds)
+    draws = map(rng.getrandbits, repeat(63, unseeded))
+    return [s if s is not None else next(draws) for s in seeds]
 
 
 def banned_tokens(params: list, outputs: list[list[int]], eos_ids: list[int], device):

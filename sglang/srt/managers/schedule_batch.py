@@ -87,6 +87,9 @@ class Req:
         self.state_snapshots: list[tuple[int, int]] = []
         self.tp_broadcast_ms = 0.0
         self.upstream_stages: frozenset[str] = frozenset()  # stage timings measured before the scheduler
+        # the worker's sampling row (layers/sampler.py `sampling_row`): what its sampling params (fixed once it
+        # is scheduled) decide, made at its first sampled step so that a decode step reads it with C-level passes
+        self._sampling_row: tuple | None = None
 
     # ------------------------------------------------------------------ views
     @property

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import attrgetter, is_
+
 import torch
 
 from sglang.srt.constrained.matcher import apply_grammar_bitmask, revive_dead_rows
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.sampler import (
+    ROW_BANS,
+    ROW_HAS_PENALTY,
+    ROW_LOGIT_BIAS,
+    ROW_LOGPROBS,
     Sampler,
     SamplingBatchInfo,
     adjust_logits,
     banned_tokens,
     logit_bias_entries,
+    row_columns,
+    sampling_row,
     token_logprobs,
 )
 from sglang.srt.environ import envs
@@ -23,6 +32,16 @@ from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfi
 from sglang.srt.sampling.custom_logit_processor import apply_custom_logit_processors
 from sglang.srt.sampling.penalties import PenaltyState
 from sglang.srt.server_args import ServerArgs
+
+
+_PARAMS, _OUTPUT_IDS = attrgetter("sampling_params"), attrgetter("output_ids")
+_FINISHED_REASON, _GRAMMAR = attrgetter("finished_reason"), attrgetter("grammar")
+_CUSTOM_LP = attrgetter("custom_logit_processor")
+
+
+def _all_none(values) -> bool:
+    """Whether every value is None (identity, as `is None` per item), in C."""
+    return all(map(is_, values, repeat(None)))
 
 
 class TpModelWorker:
@@ -101,32 +120,37 @@ class TpModelWorker:
             self._abort_undecodable(batch.reqs)
         if before_sampling is not None:
             before_sampling()
+        # Per-request reads below are C-level maps and scans (no Python frame per request): this is a decode
+        # step's hot loop. What derives from a request's sampling params alone is computed once per request.
         reqs = batch.reqs
-        params = [r.sampling_params for r in reqs]
-        outputs = [r.output_ids for r in reqs]
-        info = SamplingBatchInfo.from_params(
-            params, [p.seed for p in params], self.vocab_size, runner.device,
-            steps=[len(o) for o in outputs], rng=self.sampler.rng,
-        )
+        params = list(map(_PARAMS, reqs))
+        outputs = list(map(_OUTPUT_IDS, reqs))
+        cols = row_columns(self._sampling_rows(reqs))
+        info = SamplingBatchInfo.from_columns(cols, runner.device, steps=list(map(len, outputs)), rng=self.sampler.rng)
         logits = out.next_token_logits
-        penalized = self.penalties.prepare(reqs)  # None when no request of the batch has a penalty
+        # None when no request of the batch has a penalty
+        penalized = self.penalties.prepare(reqs) if any(cols[ROW_HAS_PENALTY]) else None
         if penalized is not None:
             logits = self.penalties.apply(logits, penalized)
         grammar_rows = []
         # rows whose token is dropped (a prompt chunk, a re-prefill): no grammar mask, no custom processor
         dropped = ({i for i, r in enumerate(reqs) if r.is_prefilling() or r.output_ids}
                    if batch.mode.is_extend() else set())
-        dropped |= {i for i, r in enumerate(reqs) if r.finished()}  # overlap: ended while this step was queued
-        if any(r.grammar is not None for r in reqs):  # constrained output: disallowed tokens -inf, in place
+        if not _all_none(map(_FINISHED_REASON, reqs)):  # overlap: ended while this step was queued
+            dropped |= {i for i, r in enumerate(reqs) if r.finished()}
+        if not _all_none(map(_GRAMMAR, reqs)):  # constrained output: disallowed tokens -inf, in place
             grammars = [None if i in dropped else r.grammar for i, r in enumerate(reqs)]
             grammar_rows = apply_grammar_bitmask(logits, grammars, outputs, self.vocab_size)
         grammar_masked = logits
-        info.banned = banned_tokens(params, outputs, self.eos_ids, runner.device)
-        info.logit_bias = logit_bias_entries(params, runner.device)
+        # both are None unless some request has min_new_tokens > 0 / a non-empty logit_bias
+        if any(cols[ROW_BANS]):
+            info.banned = banned_tokens(params, outputs, self.eos_ids, runner.device)
+        if any(cols[ROW_LOGIT_BIAS]):
+            info.logit_bias = logit_bias_entries(params, runner.device)
         logits = adjust_logits(logits, info)  # after the penalties, as the sampler's own order has it
         if grammar_rows and info.banned is not None:  # a min_new_tokens ban must not leave a row no token
             logits = revive_dead_rows(logits, grammar_masked, grammar_rows)
-        if any(r.custom_logit_processor is not None for r in reqs):  # last, on what would be sampled (upstream's order)
+        if not _all_none(map(_CUSTOM_LP, reqs)):  # last, on what would be sampled (upstream's order)
             for row, message, status in apply_custom_logit_processors(logits, reqs, dropped, self.tp):
                 # the client's code failed or ran out of time (the ranks agreed on which rows): its request
                 # ends with no token from this row, alike on every rank; the batch goes on
@@ -134,10 +158,21 @@ class TpModelWorker:
         ids = self.sampler(logits, info)
         self._last_sampled = (batch.seq, ids)
         logprobs = None
-        if any(p.return_logprob or p.top_logprobs_num for p in params):
+        if any(cols[ROW_LOGPROBS]):
             logprobs = self._logprobs(logits, ids, params)
         input_logprobs = self._input_logprobs(out.input_logprobs) if out.input_logprobs is not None else []
         return ids.tolist(), fb.stage_totals or {}, logprobs, input_logprobs  # the step's device-to-host copies
+
+    def _sampling_rows(self, reqs) -> list[tuple]:
+        """Each request's `sampling_row` (sampler.py), kept on the request as `_sampling_row` from the step that
+        first samples it: its sampling params are fixed once it is scheduled, and one worker (vocabulary)
+        samples it. Requests without one (their first step) get it here."""
+        rows = list(map(getattr, reqs, repeat("_sampling_row"), repeat(None)))
+        if None in rows:
+            for i, r in enumerate(reqs):
+                if rows[i] is None:
+                    rows[i] = r._sampling_row = sampling_row(r.sampling_params, self.vocab_size)
+        return rows
 
     @staticmethod
     def _abort_undecodable(reqs) -> None:
