@@ -26,12 +26,20 @@ presence (once per token present in the output)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import add, attrgetter, is_, is_not, itemgetter, not_
 from typing import Any
 
 import torch
 
+from sglang.srt.utils.host_tensors import host_int64
+
 _ZERO_ROW = 0
+_PARAMS, _HAS_PENALTY = attrgetter("sampling_params"), attrgetter("has_penalty")
+_RID, _OUTPUT_IDS, _LAST = attrgetter("rid"), attrgetter("output_ids"), itemgetter(-1)
+_REQ, _COUNTED, _INDEX = attrgetter("req"), attrgetter("counted"), attrgetter("index")
 
 
 @dataclass
@@ -102,8 +110,36 @@ class PenaltyState:
         """Before sampling a step of `reqs` (objects with rid, sampling_params, origin_input_ids and
         output_ids): rows for requests new to the state, the tokens appended since each request's
         last step scattered into its counts. None when no request of the batch has a penalty."""
-        if not any(r.sampling_params.has_penalty for r in reqs):
+        penalized = list(map(_HAS_PENALTY, map(_PARAMS, reqs)))  # one property call per request, no loop frame
+        if not any(penalized):
             return None
+        usual = self._usual_decode_step(reqs, penalized)
+        if usual is not None:  # no new rows, no prompt marks
+            batch_rows, count_rows, count_ids = usual
+            new_rows, new_params, seen_rows, seen_ids = [], [], [], []
+        else:
+            batch_rows, new_rows, new_params, count_rows, count_ids, seen_rows, seen_ids = \
+                self._per_request(reqs, penalized)
+        host = host_int64(batch_rows + new_rows + count_rows + count_ids + seen_rows + seen_ids)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        dev = host.to(self.device, non_blocking=True)
+        b, k, n, m = len(batch_rows), len(new_rows), len(count_rows), len(seen_rows)
+        rows, new_idx, c_rows, c_ids, s_rows, s_ids = dev.split([b, k, n, n, m, m])
+        if k:
+            self.counts.index_fill_(0, new_idx, 0.0)
+            self.prompt_seen.index_fill_(0, new_idx, False)
+            vals = torch.tensor(new_params, dtype=torch.float32).to(self.device, non_blocking=True)
+            self.params.index_copy_(0, new_idx, vals)
+        if n:
+            self.counts.index_put_((c_rows, c_ids), self._one.expand(n), accumulate=True)
+        if m:
+            self.prompt_seen.index_put_((s_rows, s_ids), self._true.expand(m))
+        return PenaltyBatch(rows)
+
+    def _per_request(self, reqs: list, penalized: list[bool]) -> tuple[list, ...]:
+        """Any step, one request at a time: (each request's row, new rows, their params, rows and ids to
+        count, rows and ids of prompt tokens to mark)."""
         vocab = self.vocab
         batch_rows: list[int] = []
         new_rows: list[int] = []
@@ -112,13 +148,23 @@ class PenaltyState:
         count_ids: list[int] = []
         seen_rows: list[int] = []
         seen_ids: list[int] = []
-        for r in reqs:
-            p = r.sampling_params
-            if not p.has_penalty:
+        rows_of = self._rows
+        for r, has_penalty in zip(reqs, penalized):
+            if not has_penalty:
                 batch_rows.append(_ZERO_ROW)
                 continue
-            entry = self._rows.get(r.rid)
+            p = r.sampling_params
+            entry = rows_of.get(r.rid)
             out = r.output_ids
+            if entry is not None and entry.req is r and len(out) == entry.counted + 1:
+                # this request's row, one token appended since its last step (a step some other request joins)
+                t = out[-1]
+                if 0 <= t < vocab:
+                    count_rows.append(entry.index)
+                    count_ids.append(t)
+                entry.counted += 1
+                batch_rows.append(entry.index)
+                continue
             if entry is None or entry.req is not r or len(out) < entry.counted:
                 if entry is not None:
                     self.release(r.rid)
@@ -136,23 +182,32 @@ class PenaltyState:
                 count_ids += new
                 entry.counted = len(out)
             batch_rows.append(entry.index)
+        return batch_rows, new_rows, new_params, count_rows, count_ids, seen_rows, seen_ids
 
-        host = torch.tensor(batch_rows + new_rows + count_rows + count_ids + seen_rows + seen_ids, dtype=torch.int64)
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        dev = host.to(self.device, non_blocking=True)
-        b, k, n, m = len(batch_rows), len(new_rows), len(count_rows), len(seen_rows)
-        rows, new_idx, c_rows, c_ids, s_rows, s_ids = dev.split([b, k, n, n, m, m])
-        if k:
-            self.counts.index_fill_(0, new_idx, 0.0)
-            self.prompt_seen.index_fill_(0, new_idx, False)
-            vals = torch.tensor(new_params, dtype=torch.float32).to(self.device, non_blocking=True)
-            self.params.index_copy_(0, new_idx, vals)
-        if n:
-            self.counts.index_put_((c_rows, c_ids), self._one.expand(n), accumulate=True)
-        if m:
-            self.prompt_seen.index_put_((s_rows, s_ids), self._true.expand(m))
-        return PenaltyBatch(rows)
+    def _usual_decode_step(self, reqs: list, penalized: list[bool]) -> tuple[list, list, list] | None:
+        """The usual decode step, in C-level passes over the batch (no Python frame per request): every
+        penalized request has its row, built for this very request object, and exactly one token appended
+        since its last step, inside the vocabulary; the other requests have no row. Then: (each request's
+        row, rows and ids to count), every counted length advanced by one; else None and nothing changed
+        (the per-request loop handles the step)."""
+        entries = list(map(self._rows.get, map(_RID, reqs)))
+        mine = list(compress(entries, penalized))
+        if not all(map(is_not, mine, repeat(None))):
+            return None
+        if len(mine) != len(entries) and not all(map(is_, compress(entries, map(not_, penalized)), repeat(None))):
+            return None
+        owners = list(compress(reqs, penalized))
+        if not all(map(is_, map(_REQ, mine), owners)):
+            return None
+        outputs = list(map(_OUTPUT_IDS, owners))
+        lens = list(map(len, outputs))
+        if lens != list(map(add, map(_COUNTED, mine), repeat(1))):
+            return None
+        new = list(map(_LAST, outputs))
+        if min(new) < 0 or max(new) >= self.vocab:
+            return None
+        deque(map(setattr, mine, repeat("counted"), lens), maxlen=0)
+        return list(map(getattr, entries, repeat("index"), repeat(_ZERO_ROW))), list(map(_INDEX, mine)), new
 
     def apply(self, logits: torch.Tensor, batch: PenaltyBatch) -> torch.Tensor:
         """(B, V) logits with the batch's penalties applied (a new tensor; `logits` is untouched)."""
