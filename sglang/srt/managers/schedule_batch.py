@@ -87,9 +87,11 @@ class Req:
         self.state_snapshots: list[tuple[int, int]] = []
         self.tp_broadcast_ms = 0.0
         self.upstream_stages: frozenset[str] = frozenset()  # stage timings measured before the scheduler
-        # the worker's sampling row (layers/sampler.py `sampling_row`): what its sampling params (fixed once it
-        # is scheduled) decide, made at its first sampled step so that a decode step reads it with C-level passes
+        # what its sampling params (fixed once it is scheduled) decide, made at first use so that a decode
+        # step reads them with C-level passes: the worker's sampling row (layers/sampler.py `sampling_row`)
+        # and the scheduler's finish rule (scheduler_output_processor_mixin.py `_finish_rules`)
         self._sampling_row: tuple | None = None
+        self._finish_rule: tuple | None = None
 
     # ------------------------------------------------------------------ views
     @property

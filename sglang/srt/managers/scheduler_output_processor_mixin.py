@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from itertools import compress, repeat
+from operator import and_, attrgetter, ge, is_, is_not, or_, sub
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut, FinishReason
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -13,6 +16,13 @@ from sglang.srt.sampling.stop_regex import StopRegexError, search_output
 from sglang.srt.sampling.stop_strings import StopStrings
 
 logger = logging.getLogger(__name__)
+_OUTPUT_IDS, _SENT_LEN = attrgetter("output_ids"), attrgetter("sent_len")
+_TO_ABORT, _FINISHED_REASON = attrgetter("to_abort"), attrgetter("finished_reason")
+
+
+def _all_none(values) -> bool:
+    """Whether every value is None (identity, as `is None` per item), in C."""
+    return all(map(is_, values, repeat(None)))
 
 
 class SchedulerOutputProcessorMixin:
@@ -63,12 +73,70 @@ class SchedulerOutputProcessorMixin:
                 if not req.finished():
                     self.running.append(req)
         else:
-            for req, tok, lp in zip(batch.reqs, next_ids, logprobs):
-                if not req.finished():  # overlap: a request that ended while this step was queued rode along
-                    self._append_token(req, tok, lp)
-            self.running = [r for r in self.running if not r.finished()]
+            self._apply_decode_tokens(batch.reqs, next_ids, logprobs)
+            if not _all_none(map(_FINISHED_REASON, self.running)):  # a scan in C; a list only when one ended
+                self.running = [r for r in self.running if not r.finished()]
         if self._profiler is not None:
             self._profiler.after_forward()  # with num_steps, the last one writes the trace
+
+    def _apply_decode_tokens(self, reqs: list[Req], next_ids: list[int], logprobs: list) -> None:
+        """A decode step's tokens, as `_append_token` per row would apply them (a request that ended while
+        the step was queued, overlapped, gets none). A row is *plain* when its token is only appended (and
+        its request streamed when due): no grammar, stop strings, stop regex, logprob or pending abort, its
+        token none of its stop ids, its length short of its limit. Runs of plain rows are applied with
+        C-level maps, the other rows by `_append_token`, all in row order, so the outbox (and with it the
+        order of outputs) is the same; a plain row's append touches no other request's state."""
+        n = len(reqs)
+        if not n:
+            return
+        rules = self._finish_rules(reqs)
+        outputs = list(map(_OUTPUT_IDS, reqs))
+        stop_ids, last_free_len, special, stream = zip(*rules)
+        slow = list(map(or_, map(or_, special, map(frozenset.__contains__, stop_ids, next_ids)),
+                        map(ge, map(len, outputs), last_free_len)))
+        # rarer, checked per row only when present: an abort pending, a request that ended while the step was
+        # queued (overlap), a logprob to record
+        if not (_all_none(map(_TO_ABORT, reqs)) and _all_none(map(_FINISHED_REASON, reqs)) and _all_none(logprobs)):
+            slow = list(map(any, zip(slow, map(is_not, map(_TO_ABORT, reqs), repeat(None)),
+                                     map(is_not, map(_FINISHED_REASON, reqs), repeat(None)),
+                                     map(is_not, logprobs, repeat(None)))))
+        streams = any(stream)
+        start = 0
+        for i in compress(range(n), slow):  # usually none; at most the rows that finish or need checks
+            self._append_plain(reqs, outputs, next_ids, stream, start, i, streams)
+            if reqs[i].finished_reason is None:
+                self._append_token(reqs[i], next_ids[i], logprobs[i])
+            start = i + 1
+        self._append_plain(reqs, outputs, next_ids, stream, start, n, streams)
+
+    def _append_plain(self, reqs, outputs, next_ids, stream, a: int, b: int, streams: bool) -> None:
+        """Rows [a, b) are plain: each token appended to its request's output; streaming requests whose
+        unsent tokens reach --stream-interval join the outbox, in row order."""
+        if a >= b:
+            return
+        deque(map(list.append, outputs[a:b], next_ids[a:b]), maxlen=0)
+        if streams:
+            unsent = map(sub, map(len, outputs[a:b]), map(_SENT_LEN, reqs[a:b]))
+            due = map(and_, stream[a:b], map(ge, unsent, repeat(self.server_args.stream_interval)))
+            self.outbox.extend(compress(reqs[a:b], due))
+
+    def _finish_rules(self, reqs: list[Req]) -> list[tuple]:
+        """Per request, what `_check_finished` needs to tell a plain row, computed at its first decode step and
+        kept on the request (its sampling params, grammar and stream flag are fixed once it is scheduled):
+        (stop ids: EOS unless ignore_eos, and stop_token_ids; the last output length that cannot end it by
+        length: min(max_new_tokens, context - prompt) - 1; whether every token needs the full check
+        (grammar, stop strings, stop regex); whether it streams)."""
+        rules = list(map(getattr, reqs, repeat("_finish_rule"), repeat(None)))
+        if None in rules:
+            eos = frozenset(self.eos_ids)
+            for i, r in enumerate(reqs):
+                if rules[i] is None:
+                    sp = r.sampling_params
+                    stops = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else eos)
+                    limit = min(sp.max_new_tokens, self.context_length - r.prompt_len)
+                    special = r.grammar is not None or bool(sp.stop) or bool(sp.stop_regex)
+                    rules[i] = r._finish_rule = (stops, limit - 1, special, bool(r.stream))
+        return rules
 
     def _append_token(self, req: Req, tok: int, logprob=None) -> None:
         if req.to_abort is not None:  # ended during this step (its custom logit processor failed): no token
