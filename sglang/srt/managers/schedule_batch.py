@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter, is_, itemgetter
+from operator import add, attrgetter, is_, itemgetter
 
 import torch
 
@@ -19,6 +20,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.multimodal.mm_types import MultimodalInputs
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.utils.host_tensors import host_int64
 
 
 class Req:
@@ -73,7 +75,7 @@ class Req:
         self.custom_logit_processor: str | None = None
 
         self.req_pool_idx: int = -1
-        self._kv_tail: list[torch.Tensor] = []  # decode slots appended since kv_indices was last read
+        self._kv_slots: list[int] = []  # decode slots appended since kv_indices was last read
         self.kv_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None  # radix node locked for this request's cached prefix
         self.cache_len = 0  # tokens of kv_indices owned by the radix tree
@@ -100,27 +102,23 @@ class Req:
 
     @property
     def kv_indices(self) -> torch.Tensor:
-        """KV slots of fill_ids[:kv_len] (host int64). Decode slots appended one step at a time are
-        joined only when this is read (release, paged extend), not at every step."""
-        if self._kv_tail:
-            self._kv_indices = torch.cat([self._kv_indices, *self._kv_tail])
-            self._kv_tail = []
+        """KV slots of fill_ids[:kv_len] (host int64). Decode slots appended one step at a time (as ints,
+        `append_decode_slots`) are joined only when this is read (release, paged extend), not at every step."""
+        if self._kv_slots:
+            self._kv_indices = torch.cat([self._kv_indices, host_int64(self._kv_slots)])
+            self._kv_joined += len(self._kv_slots)
+            self._kv_slots = []
         return self._kv_indices
 
     @kv_indices.setter
     def kv_indices(self, value: torch.Tensor) -> None:
         self._kv_indices = value
-        self._kv_tail = []
-        self._kv_len = int(value.numel())
-
-    def append_kv_slots(self, slots: torch.Tensor) -> None:
-        """Slots (host int64) for the next kv tokens, already written to the request's table row."""
-        self._kv_tail.append(slots)
-        self._kv_len += slots.numel()
+        self._kv_slots = []
+        self._kv_joined = int(value.numel())  # kv_len = _kv_joined + len(_kv_slots)
 
     @property
     def kv_len(self) -> int:
-        return self._kv_len
+        return self._kv_joined + len(self._kv_slots)
 
     @property
     def prompt_len(self) -> int:
@@ -167,8 +165,25 @@ class Req:
         return f"Req(rid={self.rid}, kv={self.kv_len}, fill={len(self.fill_ids)}, out={len(self.output_ids)})"
 
 
-_OUTPUT_IDS, _KV_LEN, _MM_INPUTS = attrgetter("output_ids"), attrgetter("_kv_len"), attrgetter("mm_inputs")
+_OUTPUT_IDS, _MM_INPUTS = attrgetter("output_ids"), attrgetter("mm_inputs")
 _REQ_POOL_IDX, _RID, _LAST = attrgetter("req_pool_idx"), attrgetter("rid"), itemgetter(-1)
+_KV_JOINED, _KV_SLOTS = attrgetter("_kv_joined"), attrgetter("_kv_slots")
+
+
+# Batch-level reads and writes of the requests' KV bookkeeping for a decode step: C-level maps, no Python frame
+# per request (a property or method call would be one each)
+def kv_lens(reqs: list[Req]) -> list[int]:
+    """Each request's kv_len."""
+    return list(map(add, map(_KV_JOINED, reqs), map(len, map(_KV_SLOTS, reqs))))
+
+
+def req_pool_indices(reqs: list[Req]) -> list[int]:
+    return list(map(_REQ_POOL_IDX, reqs))
+
+
+def append_decode_slots(reqs: list[Req], slots: list[int]) -> None:
+    """Request i's next KV slot is slots[i] (already queued for its request-table row)."""
+    deque(map(list.append, map(_KV_SLOTS, reqs), slots), maxlen=0)
 
 
 @dataclass
@@ -215,12 +230,12 @@ class ScheduleBatch:
             # per-request reads as C-level maps (no Python frame per request): a decode step's hot loop
             reqs = self.reqs
             ids = list(map(_LAST, map(_OUTPUT_IDS, reqs)))
-            seq_lens = list(map(_KV_LEN, reqs))  # kv_len: the new token's KV slot is already appended
+            seq_lens = kv_lens(reqs)  # the new token's KV slot is already appended
             mm = list(map(_MM_INPUTS, reqs))
             # text-only batch: every delta is 0, which build_forward_batch assumes when given none
             deltas = None if all(map(is_, mm, repeat(None))) else [mrope_delta(m) for m in mm]
         return build_forward_batch(
-            self.mode, ids, positions, list(map(_REQ_POOL_IDX, self.reqs)), seq_lens,
+            self.mode, ids, positions, req_pool_indices(self.reqs), seq_lens,
             self.out_cache_loc, device, self.extend_lens, self.prefix_lens, mrope_deltas=deltas,
             mm_inputs=[r.mm_inputs for r in self.reqs] if self.mode.is_extend() else [],
             rids=list(map(_RID, self.reqs)),

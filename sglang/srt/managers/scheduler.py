@@ -18,7 +18,7 @@ from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo, init_tp_g
 from sglang.srt.environ import envs
 from sglang.srt.errors import ServeRefusal
 from sglang.srt.managers.io_struct import FinishReason, SchedulerDied, SchedulerReady
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, append_decode_slots, kv_lens, req_pool_indices
 from sglang.srt.managers.schedule_policy import (
     NewTokenRatio,
     PrefillAdder,
@@ -232,8 +232,17 @@ class Scheduler(SchedulerIOMixin, SchedulerOutputProcessorMixin, SchedulerUpdate
                 return None
         self.new_token_ratio.on_decode_step()
         batch = ScheduleBatch(ForwardMode.DECODE, list(self.running))
-        batch.out_cache_loc = self.kv.extend_decode(self.running)
+        batch.out_cache_loc = self._extend_decode(self.running)
         return batch
+
+    def _extend_decode(self, reqs: list[Req]) -> torch.Tensor:
+        """Each request's KV slot for its next token. One-token pages: rows and columns read and the slots
+        appended with C-level maps, one allocation and one table write for the batch."""
+        if self.kv.allocator.page_size != 1:
+            return self.kv.extend_decode(reqs)
+        locs = self.kv.alloc_decode(req_pool_indices(reqs), kv_lens(reqs))
+        append_decode_slots(reqs, locs.tolist())
+        return locs
 
     def _decode_slots_needed(self) -> int:
         """KV slots the next decode step allocates: a new page for each running request whose last page is

@@ -78,18 +78,19 @@ class KVCacheManager:
         return loc
 
     def extend_decode(self, reqs: list) -> torch.Tensor:
-        """One new slot per request (a decode step; the caller made sure they are available), in the
-        requests' order. With page size 1 they come from one allocation and each request's share is
-        recorded with host work only (its table write queued, the slot appended to its lazily joined
-        slot list): what `extend(req, 1)` does, without a dozen tensor ops per request. With pages a
-        request first fills its own last page, so `extend` runs per request."""
+        """One new slot per request (a decode step with pages; the caller made sure they are available), in
+        the requests' order: each request first fills its own last page. Page size 1: `alloc_decode`."""
+        return torch.cat([self.extend(r, 1) for r in reqs])
+
+    def alloc_decode(self, rows: list[int], starts: list[int]) -> torch.Tensor:
+        """Page size 1, a decode step: one slot for each request, at column starts[i] of its request-table row
+        rows[i] (its kv_len), from one allocation and recorded in one queued table write, in the requests'
+        order. The caller appends slot i to request i's KV (what `extend(req, 1)` does with a dozen tensor
+        ops per request)."""
         if self.allocator.page_size != 1:
-            return torch.cat([self.extend(r, 1) for r in reqs])
-        locs = self.alloc_tokens(len(reqs))
-        write = self.req_to_token_pool.write
-        for r, loc in zip(reqs, locs.split(1)):
-            write(r.req_pool_idx, r.kv_len, loc)
-            r.append_kv_slots(loc)
+            raise ValueError(f"alloc_decode needs one-token pages (page size {self.allocator.page_size})")
+        locs = self.alloc_tokens(len(rows))
+        self.req_to_token_pool.write_cells(rows, starts, locs)
         return locs
 
     def release(self, req) -> None:

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import threading
+from itertools import chain
+from typing import Sequence
 
 import torch
+
+from sglang.srt.utils.host_tensors import host_int64
 
 
 class ReqToTokenPool:
     """Row r maps the token positions of the request in slot r to KV-pool slots.
 
     The table lives on the model's device; the scheduler's writes (host tensors) are queued by `write`
-    and applied by `apply_pending` at the start of the next forward, all in one host-to-device copy
-    and one scatter, instead of a copy per request. A row's queued writes are dropped when the row
-    is freed, so a later owner of the row never receives them (and one scatter never holds two values
-    for one cell). The queue has a lock: with the overlap scheduler the forward thread applies it while
-    the scheduler thread queues the next step's writes (applied early, they touch only cells no running
-    step reads)."""
+    (a run of one row) and `write_cells` (one cell per row: a decode step's slots) and applied by
+    `apply_pending` at the start of the next forward, all in one host-to-device copy and one scatter,
+    instead of a copy per request. A row's queued cells are dropped when the row is freed, so a later
+    owner of the row never receives them (and one scatter never holds two values for one cell). The queue
+    has a lock: with the overlap scheduler the forward thread applies it while the scheduler thread queues
+    the next step's writes (applied early, they touch only cells no running step reads)."""
 
     def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
         self.size = size
@@ -24,28 +28,37 @@ class ReqToTokenPool:
         self.device = torch.device(device)
         self.req_to_token = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
         self._free = list(range(size))
-        self._pending: list[tuple[int, int, torch.Tensor]] = []
+        # queued writes: (rows, cols, slots), cell (rows[i], cols[i]) := slots[i]
+        self._pending: list[tuple[Sequence[int], Sequence[int], torch.Tensor]] = []
         self._lock = threading.Lock()
 
     def write(self, index: int, start: int, slots: torch.Tensor) -> None:
         """Row `index`, columns [start, start + len(slots)) := slots (applied before the next forward)."""
-        if slots.numel():
-            write = (index, start, slots.reshape(-1).to("cpu", torch.int64))
-            with self._lock:
-                self._pending.append(write)
+        n = slots.numel()
+        if n:
+            self._queue(([index] * n, range(start, start + n), slots))
+
+    def write_cells(self, rows: list[int], cols: list[int], slots: torch.Tensor) -> None:
+        """Cell (rows[i], cols[i]) := slots[i] for every i, as one queued entry (applied before the next
+        forward); a decode step writes each request's new slot so, without a Python step per request."""
+        if rows:
+            self._queue((rows, cols, slots))
+
+    def _queue(self, write: tuple[Sequence[int], Sequence[int], torch.Tensor]) -> None:
+        rows, cols, slots = write
+        write = (rows, cols, slots.reshape(-1).to("cpu", torch.int64))
+        with self._lock:
+            self._pending.append(write)
 
     def apply_pending(self) -> None:
         if not self._pending:
             return
         with self._lock:
             pending, self._pending = self._pending, []
-        rows: list[int] = []
-        cols: list[int] = []
-        for i, c, slots in pending:
-            rows += [i] * slots.numel()
-            cols += range(c, c + slots.numel())
-        vals = torch.cat([slots for _, _, slots in pending])
-        host = torch.cat([torch.tensor(rows + cols, dtype=torch.int64), vals])
+        rows = list(chain.from_iterable(w[0] for w in pending))
+        cols = list(chain.from_iterable(w[1] for w in pending))
+        vals = pending[0][2] if len(pending) == 1 else torch.cat([w[2] for w in pending])
+        host = torch.cat([host_int64(rows + cols), vals])
         if self.device.type == "cuda":
             host = host.pin_memory()
         dev = host.to(self.device, non_blocking=True).view(3, -1)
@@ -61,8 +74,19 @@ class ReqToTokenPool:
         if index in self._free:
             raise RuntimeError(f"request slot {index} freed twice")
         with self._lock:
-            self._pending = [w for w in self._pending if w[0] != index]
+            self._pending = [kept for w in self._pending if (kept := _without_row(w, index)) is not None]
         self._free.append(index)
+
+
+def _without_row(write: tuple[Sequence[int], Sequence[int], torch.Tensor], index: int):
+    """A queued write without its cells in row `index`; None when nothing is left of it."""
+    rows, cols, slots = write
+    if index not in rows:
+        return write
+    keep = [i for i, r in enumerate(rows) if r != index]
+    if not keep:
+        return None
+    return [rows[i] for i in keep], [cols[i] for i in keep], slots[keep]
 
 
 class MHATokenToKVPool:

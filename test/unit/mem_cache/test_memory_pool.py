@@ -60,3 +60,23 @@ def test_writes_queued_while_another_thread_applies_are_never_lost():
         t.join()
     pool.apply_pending()
     assert pool.req_to_token[row].tolist() == list(range(1, 4001))
+
+
+def test_cell_writes_equal_row_writes_and_a_freed_row_leaves_the_others_cells():
+    cells, rows = ReqToTokenPool(4, 6), ReqToTokenPool(4, 6)
+    for pool in (cells, rows):
+        for _ in range(4):
+            pool.alloc()
+    steps = [([3, 0, 2], [0, 0, 0], [11, 12, 13]), ([3, 0, 2], [1, 1, 1], [21, 22, 23]), ([0, 2], [2, 2], [32, 33])]
+    for r, c, v in steps:
+        cells.write_cells(r, c, torch.tensor(v))
+        for i, col, val in zip(r, c, v):
+            rows.write(i, col, torch.tensor([val]))
+    cells.free(2)  # its cells in every queued step go; rows 3 and 0 keep theirs
+    rows.free(2)
+    cells.write_cells([], [], torch.empty(0, dtype=torch.int64))  # nothing to queue
+    cells.apply_pending()
+    rows.apply_pending()
+    assert torch.equal(cells.req_to_token, rows.req_to_token)
+    assert cells.req_to_token[0, :3].tolist() == [12, 22, 32] and cells.req_to_token[3, :2].tolist() == [11, 21]
+    assert int(cells.req_to_token[2].abs().sum()) == 0
