@@ -4,12 +4,17 @@ The released layout: every text decoder linear (q/k/v/o_proj, gate/up/down_proj)
 and a float32 `weight_scale_inv` with one scale per 128x128 block (multiplied: W ~= weight * scale; tiny
 presets: 16x16, so their scales are several blocks per axis too);
 MoE experts (fused in the bf16 releases) are stored one linear per expert, `mlp.experts.<e>.{gate,up,down}_proj`,
-each with its block scales, and the router `mlp.gate` stays unquantized; the vision tower, the embeddings and
-lm_head stay in the original dtype and are listed in
+each with its block scales, and the router `mlp.gate` stays unquantized; a shared expert's (Qwen3.5-MoE)
+`mlp.shared_expert.{gate,up,down}_proj` are quantized, its one-row `mlp.shared_expert_gate` is not; the vision
+tower, the embeddings and lm_head stay in the original dtype and are listed in
 `quantization_config.modules_to_not_convert`; `config.json` carries
 
     "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                             "weight_block_size": [128, 128], "modules_to_not_convert": [...]}
+
+The fused expert layout differs by family (EXPERT_LAYOUTS, read from config.json's model_type): Qwen3-VL-MoE
+stores gate_up [E, H, 2I] and down [E, I, H] (transposed), Qwen3.5-MoE gate_up [E, 2I, H] and down [E, H, I]
+(transformers' parameter layout); both split to the same per-expert [I, H] / [H, I] linears.
 
 `quantize_folder` rewrites a folder in place, one safetensors file at a time (make_model --quantize fp8
 builds replicas of the -FP8 releases with it); `dequantize_folder` writes the float32 model an FP8
@@ -36,26 +41,43 @@ TINY_BLOCK = (16, 16)
 QUANT_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
 # the text decoder's linears; the vision tower's own names (qkv, proj, linear_fc*, mlp.*) never match
 # Qwen3.5's Gated DeltaNet: its three large projections; in_proj_a / in_proj_b (one row per value head) stay
-_TEXT_LINEAR = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj"
+_TEXT_LINEAR = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[qkvo]_proj"
+                          r"|mlp\.(?:shared_expert\.|experts\.\d+\.)?(?:gate|up|down)_proj"
                           r"|linear_attn\.(?:in_proj_qkv|in_proj_z|out_proj))\.weight$")
 _INDEX = "model.safetensors.index.json"
-# Qwen3-VL-MoE experts as the bf16 releases fuse them: gate_up_proj [E, H, 2I], down_proj [E, I, H]
+# the decoder layers' fused experts (the bf16 releases'): gate_up_proj and down_proj, [E, ...] each
 _FUSED_EXPERTS = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.experts\.(?:gate_up_proj|down_proj)$")
 _EXPERT_LINEAR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+# model_type -> whether its fused experts are transposed against a linear's [out, in]: True for Qwen3-VL-MoE's
+# gate_up [E, H, 2I] / down [E, I, H], False for Qwen3.5-MoE's gate_up [E, 2I, H] / down [E, H, I]
+EXPERT_LAYOUTS = {"qwen3_vl_moe": True, "qwen3_5_moe": False}
 
 
-def split_experts(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A fused expert tensor (released layout) as the -FP8 releases store experts: one 2-D linear per
-    expert, `<...>.experts.<e>.{gate,up,down}_proj.weight` ([I, H], [I, H], [H, I])."""
+def experts_transposed(model_type: str | None) -> bool:
+    """The fused expert layout of `model_type`; refused by name for a family whose layout is not known
+    (a square shape would split silently wrong)."""
+    if model_type not in EXPERT_LAYOUTS:
+        raise ValueError(f"fused MoE experts of model_type {model_type!r}: layout unknown "
+                         f"(known: {', '.join(EXPERT_LAYOUTS)})")
+    return EXPERT_LAYOUTS[model_type]
+
+
+def split_experts(name: str, t: torch.Tensor, transposed: bool = True) -> dict[str, torch.Tensor]:
+    """A fused expert tensor as the -FP8 releases store experts: one 2-D linear per expert,
+    `<...>.experts.<e>.{gate,up,down}_proj.weight` ([I, H], [I, H], [H, I]). `transposed`: the fused
+    tensor is Qwen3-VL-MoE's [E, H, 2I] / [E, I, H]; else Qwen3.5-MoE's [E, 2I, H] / [E, H, I]."""
     prefix, kind = name.rsplit(".", 1)
+    if t.dim() != 3:
+        raise ValueError(f"{name}: a fused expert tensor is 3-D [E, ...], got {tuple(t.shape)}")
+    linears = t.transpose(1, 2) if transposed else t  # [E, out, in] either way
     if kind == "gate_up_proj":
-        i = t.shape[2] // 2
-        return {f"{prefix}.{e}.{part}_proj.weight": t[e, :, s].t().contiguous()
+        i = linears.shape[1] // 2
+        return {f"{prefix}.{e}.{part}_proj.weight": linears[e, s].contiguous()
                 for e in range(t.shape[0]) for part, s in (("gate", slice(0, i)), ("up", slice(i, 2 * i)))}
-    return {f"{prefix}.{e}.down_proj.weight": t[e].t().contiguous() for e in range(t.shape[0])}
+    return {f"{prefix}.{e}.down_proj.weight": linears[e].contiguous() for e in range(t.shape[0])}
 
 
-def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse_experts(tensors: dict[str, torch.Tensor], transposed: bool = True) -> dict[str, torch.Tensor]:
     """The inverse of split_experts over one file's tensors (a layer's experts never span files here)."""
     groups: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
     out = {}
@@ -67,9 +89,11 @@ def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             out[name] = t
     for prefix, parts in groups.items():
         num = 1 + max(e for e, _ in parts)
-        out[f"{prefix}.gate_up_proj"] = torch.stack(
-            [torch.cat([parts[e, "gate"].t(), parts[e, "up"].t()], dim=1) for e in range(num)])
-        out[f"{prefix}.down_proj"] = torch.stack([parts[e, "down"].t() for e in range(num)])
+        gate_up = torch.stack([torch.cat([parts[e, "gate"], parts[e, "up"]]) for e in range(num)])
+        down = torch.stack([parts[e, "down"] for e in range(num)])
+        if transposed:
+            gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
+        out[f"{prefix}.gate_up_proj"], out[f"{prefix}.down_proj"] = gate_up, down
     return out
 
 
@@ -115,6 +139,8 @@ def quantize_folder(folder: str | os.PathLike, block: tuple[int, int] = BLOCK) -
     """Rewrites `folder` in the -FP8 layout with `block`-sized scale blocks; returns the names of the
     quantized weights."""
     folder = Path(folder)
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
     quantized, kept, names_by_file = [], [], {}
     for path in _files(folder):
         out: dict[str, torch.Tensor] = {}
@@ -122,7 +148,7 @@ def quantize_folder(folder: str | os.PathLike, block: tuple[int, int] = BLOCK) -
             for name in f.keys():
                 t = f.get_tensor(name)
                 if _FUSED_EXPERTS.search(name):  # MoE experts: one quantized linear per expert
-                    for part, w in split_experts(name, t).items():
+                    for part, w in split_experts(name, t, experts_transposed(cfg.get("model_type"))).items():
                         q, scale = quantize_weight_block_fp8(w, block)
                         out[part], out[part[: -len("weight")] + "weight_scale_inv"] = q, scale
                     quantized.append(name)
@@ -139,8 +165,6 @@ def quantize_folder(folder: str | os.PathLike, block: tuple[int, int] = BLOCK) -
     if not quantized:
         raise ValueError(f"{folder}: no text decoder linear to quantize")
     _update_index(folder, names_by_file)
-    cfg_path = folder / "config.json"
-    cfg = json.loads(cfg_path.read_text())
     cfg["quantization_config"] = {**QUANT_CONFIG, "weight_block_size": list(block), "modules_to_not_convert": sorted(kept)}
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     return quantized
@@ -156,7 +180,9 @@ def dequantize_folder(src: str | os.PathLike, dst: str | os.PathLike, dtype: tor
     for item in src.iterdir():
         if item.is_file() and item.suffix != ".safetensors" and item.name != _INDEX:
             shutil.copy2(item, dst / item.name)
-    block = tuple(json.loads((src / "config.json").read_text())["quantization_config"]["weight_block_size"])
+    src_cfg = json.loads((src / "config.json").read_text())
+    block = tuple(src_cfg["quantization_config"]["weight_block_size"])
+    model_type = src_cfg.get("model_type")
     names_by_file = {}
     for path in _files(src):
         out = {}
@@ -170,7 +196,8 @@ def dequantize_folder(src: str | os.PathLike, dst: str | os.PathLike, dtype: tor
                 if name.endswith(".weight") and scale_name in keys:
                     t = dequantize_block_fp8(t, f.get_tensor(scale_name), block, dtype)
                 out[name] = t.to(dtype) if t.is_floating_point() else t
-        out = fuse_experts(out)
+        if any(_EXPERT_LINEAR.match(n) for n in out):  # back to the family's fused layout (a dense model has none)
+            out = fuse_experts(out, experts_transposed(model_type))
         save_file(out, str(dst / path.name), metadata={"format": "pt"})
         names_by_file[path.name] = list(out)
     if (src / _INDEX).exists():

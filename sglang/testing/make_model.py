@@ -48,7 +48,7 @@ from sglang.testing.model_files import (  # noqa: F401  (re-exported: the public
     tensor_specs,
     write_config_only,
 )
-from sglang.testing.presets import QWEN3_5, ModelPreset, get_preset, list_presets, resolve_dtype, with_text_layers
+from sglang.testing.presets import ModelPreset, get_preset, list_presets, resolve_dtype, with_text_layers
 # the safetensors writer; `_write_weights` calls it through this module's name (tests swap it here)
 from sglang.testing.safetensors_writer import _write_safetensors, plan_shards  # noqa: F401
 from sglang.testing.weight_gen import (  # noqa: F401  (re-exported: the public names of this module)
@@ -206,8 +206,6 @@ def build_model(
     out = Path(out_dir)
     if quantize is not None and quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
-    if quantize is not None and p.family == QWEN3_5 and p.text.moe is not None:
-        raise ValueError(f"{p.name}: no {quantize} layout is written for Qwen3.5-MoE checkpoints yet")
     identity = _identity(p, seed, d, max_shard_bytes, quantize)
     if force:
         reason = "forced"

@@ -16,6 +16,12 @@ shard a checkpoint leaves out):
   save_pretrained writes for a model it built itself (its qwen2_moe conversion mapping reversed; a model
   it loaded is saved as it was read), and how the quantized derivatives store experts.
 
+FP8 (layers/quantization): a -FP8 checkpoint stores each expert's linears apart in e4m3 with block scales
+(`mlp.experts.{e}.{gate,up,down}_proj.weight` + `weight_scale_inv`), loaded by Fp8FusedMoE; the shared
+expert's gate/up/down are FP8 linears like the dense MLP's. `--quantization fp8` quantizes the float experts
+after loading (Fp8MoEMethod) and the shared expert's linears as any dense linear. The router `mlp.gate` and
+`mlp.shared_expert_gate` are never quantized (E and 1 rows; the releases list them in modules_to_not_convert).
+
 TP: attention and DeltaNet as the dense model. The router and the shared expert's gate are replicated
 (E and 1 rows); the shared expert is a dense MLP over all TP ranks (column-parallel gate/up, row-parallel
 down, all-reduced); the routed experts take FusedMoE's placement (expert groups with --ep-size, the
@@ -33,7 +39,7 @@ from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.checkpoint_tensor import materialize, tensor_name
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe import FusedMoE, expert_params_mapping, select_experts
+from sglang.srt.layers.moe import Fp8FusedMoE, Fp8MoEMethod, FusedMoE, expert_params_mapping, select_experts
 from sglang.srt.models.qwen2 import Qwen2MLP
 from sglang.srt.models.qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5ForConditionalGeneration, Qwen3_5TextModel
 
@@ -99,14 +105,17 @@ class Qwen3_5MoeExperts(FusedMoE):
 
 class Qwen3_5MoeSparseBlock(nn.Module):
     """Checkpoint names: `mlp.gate` (router [E, H]), `mlp.experts.*`, `mlp.shared_expert.{gate,up,down}_proj`,
-    `mlp.shared_expert_gate` ([1, H])."""
+    `mlp.shared_expert_gate` ([1, H]). `quant`: the model's Fp8Config or None; `prefix`: this block's
+    module name (`model.layers.N.mlp`), which modules_to_not_convert is matched against."""
 
-    def __init__(self, hidden_size: int, moe: MoEConfig, tp: TPInfo = SINGLE_RANK, dtype=None):
+    def __init__(self, hidden_size: int, moe: MoEConfig, tp: TPInfo = SINGLE_RANK, dtype=None, quant=None,
+                 prefix: str = "mlp"):
         super().__init__()
         self.top_k = moe.num_experts_per_tok
         self.gate = ReplicatedLinear(hidden_size, moe.num_experts, bias=False, dtype=dtype)
-        self.experts = Qwen3_5MoeExperts(moe.num_experts, hidden_size, moe.moe_intermediate_size, tp, dtype)
-        self.shared_expert = Qwen2MLP(hidden_size, moe.shared_expert_intermediate_size, bias=False, tp=tp, dtype=dtype)
+        self.experts = _experts(hidden_size, moe, tp, dtype, quant, f"{prefix}.experts")
+        self.shared_expert = Qwen2MLP(hidden_size, moe.shared_expert_intermediate_size, bias=False, tp=tp, dtype=dtype,
+                                      quant=quant, prefix=f"{prefix}.shared_expert")
         self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,11 +125,22 @@ class Qwen3_5MoeSparseBlock(nn.Module):
         return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
+def _experts(hidden_size: int, moe: MoEConfig, tp: TPInfo, dtype, quant, prefix: str) -> FusedMoE:
+    """Float experts, -FP8 checkpoint experts (one e4m3 linear per expert), or float experts quantized
+    after loading (--quantization fp8); experts a checkpoint lists in modules_to_not_convert stay float."""
+    e, i = moe.num_experts, moe.moe_intermediate_size
+    if quant is None or quant.method_for(prefix) is None:
+        return Qwen3_5MoeExperts(e, hidden_size, i, tp, dtype)
+    if quant.serialized:
+        return Fp8FusedMoE(e, hidden_size, i, tp, dtype, quant.block)
+    experts = Qwen3_5MoeExperts(e, hidden_size, i, tp, dtype)
+    experts.quant_method = Fp8MoEMethod(quant.block)
+    return experts
+
+
 class Qwen3_5MoeDecoderLayer(Qwen3_5DecoderLayer):
     def make_mlp(self, config: TextConfig, layer_id: int, tp: TPInfo, dtype) -> nn.Module:
-        if self.quant is not None:  # startup_problem refuses it first, in one line; this guards direct use
-            raise NotImplementedError("FP8 Qwen3.5-MoE (quantized experts) is not supported yet")
-        return Qwen3_5MoeSparseBlock(config.hidden_size, config.moe, tp, dtype)
+        return Qwen3_5MoeSparseBlock(config.hidden_size, config.moe, tp, dtype, self.quant, f"{self.prefix}.mlp")
 
 
 class Qwen3_5MoeTextModel(Qwen3_5TextModel):
@@ -136,7 +156,8 @@ class Qwen3_5MoeForConditionalGeneration(Qwen3_5ForConditionalGeneration):
         if moe is None or moe.shared_expert_intermediate_size < 1:
             raise ValueError("Qwen3_5MoeForConditionalGeneration: text_config has no experts or no shared expert")
         super().__init__(config, tp, dtype, vit, quant)
-        # per-expert names (transformers' save) are mapped first: the dense gate/up rule would match them too
+        # per-expert names (transformers' save; the -FP8 checkpoints' experts and their weight_scale_inv) are
+        # mapped first: the dense gate/up rule would match them too
         self.stacked_params_mapping = expert_params_mapping(moe.num_experts) + self.stacked_params_mapping
 
 

@@ -11,7 +11,11 @@ gcd(128, r*n) columns, which must be >= MIN_GROUP (the start-up check names the 
 
 Completeness: each fused parameter is filled expert by expert, so it declares `required_shards`, every
 (expert, part) of this rank's experts (model_loader/loader.py refuses a checkpoint that leaves one out);
-each expert's weight and scale is checked against its checkpoint shape (I x H, H x I; their 128x128 grids)."""
+each expert's weight and scale is checked against its checkpoint shape (I x H, H x I; their 128x128 grids).
+
+`--quantization fp8` (Fp8MoEMethod): a float experts layer loads as usual (any layout its own loaders
+read), then each expert's local gate_up and down are quantized in blocks of the local tensors; the layer
+then holds the same four tensors, with the same granularity rule for gate_up, and computes the same product."""
 
 from __future__ import annotations
 
@@ -134,9 +138,47 @@ class Fp8FusedMoE(FusedMoE):
         param.data[le].copy_(full[:, (self.tp.moe_tp_rank * n + torch.arange(0, n, g)) // bk])
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        from sgl_kernel.moe import fused_experts_fp8
-
-        y = fused_experts_fp8(x, self.gate_up_proj, self.gate_up_proj_scale_inv, self.down_proj,
-                              self.down_proj_scale_inv, topk_weights, self.local_ids(topk_ids), self.block13, self.block2,
-                              has_remote=self.tp.ep_size > 1)
+        y = fp8_experts_product(self, x, topk_weights, self.local_ids(topk_ids))
         return tensor_model_parallel_all_reduce(y, self.tp)
+
+
+def fp8_experts_product(layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor,
+                        local_ids: torch.Tensor) -> torch.Tensor:
+    """This rank's partial sum over its block-FP8 experts (ids already local; -1 for other ranks')."""
+    from sgl_kernel.moe import fused_experts_fp8
+
+    return fused_experts_fp8(x, layer.gate_up_proj, layer.gate_up_proj_scale_inv, layer.down_proj,
+                             layer.down_proj_scale_inv, topk_weights, local_ids, layer.block13, layer.block2,
+                             has_remote=layer.tp.ep_size > 1)
+
+
+def _quantize_experts(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, rows, cols] float -> (e4m3 [E, rows, cols], float32 scales [E, ceil(rows/bn), ceil(cols/bk)])."""
+    from sgl_kernel.quantization import quantize_weight_block_fp8
+
+    pairs = [quantize_weight_block_fp8(w[e], block) for e in range(w.shape[0])]
+    return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
+
+
+class Fp8MoEMethod:
+    """`--quantization fp8` for a float experts layer (FusedMoE or a subclass with its own checkpoint
+    layout): set as the layer's `quant_method`, it quantizes the loaded experts in place of their float
+    parameters, then computes the block-FP8 product.
+
+    Blocks are of the local tensors (each rank quantizes what it holds, so no TP size is refused): gate_up
+    keeps one scale per gcd(bn, n) rows, so no scale spans the gate/up boundary and the grid is the one a
+    -FP8 checkpoint loads to (the same GPU kernel configurations apply); down one per bn x bk block."""
+
+    def __init__(self, block: tuple[int, int] = (128, 128)):
+        self.block = block
+
+    def process_weights_after_loading(self, layer: FusedMoE) -> None:
+        bn, bk = self.block
+        layer.block13, layer.block2 = (gcd(bn, layer.local_inter), bk), (bn, bk)
+        for name, block in (("gate_up_proj", layer.block13), ("down_proj", layer.block2)):
+            q, scale = _quantize_experts(getattr(layer, name).data, block)
+            setattr(layer, name, nn.Parameter(q, requires_grad=False))  # the float tensor is freed here
+            setattr(layer, f"{name}_scale_inv", nn.Parameter(scale, requires_grad=False))
+
+    def apply(self, layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor, local_ids: torch.Tensor):
+        return fp8_experts_product(layer, x, topk_weights, local_ids)

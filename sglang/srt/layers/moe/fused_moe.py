@@ -35,7 +35,13 @@ class FusedMoE(nn.Module):
     """The experts of one layer. Parameter names are the checkpoint's (`mlp.experts.gate_up_proj`,
     `mlp.experts.down_proj`); `weight_loader` takes either layout a checkpoint may hold:
     the released one (gate_up [E, H, 2I], down [E, I, H]) or transformers 5's save ([E, 2I, H], [E, H, I]).
-    When a shape fits both (H == 2I for gate_up, H == I for down) the released layout is assumed."""
+    When a shape fits both (H == 2I for gate_up, H == I for down) the released layout is assumed.
+
+    `quant_method`: None for float experts, or `--quantization fp8`'s method (layers/moe/fp8_moe.py
+    Fp8MoEMethod), which quantizes the loaded float experts once loading is done (model_loader calls its
+    process_weights_after_loading) and computes the product from then on."""
+
+    quant_method = None
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, tp: TPInfo = SINGLE_RANK,
                  dtype=None):
@@ -100,6 +106,9 @@ class FusedMoE(nn.Module):
         return torch.where((local >= 0) & (local < self.num_local_experts), local, -1).to(topk_ids.dtype)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        y = fused_experts(x, self.gate_up_proj, self.down_proj, topk_weights, self.local_ids(topk_ids),
-                          has_remote=self.tp.ep_size > 1)
+        ids = self.local_ids(topk_ids)
+        if self.quant_method is not None:
+            y = self.quant_method.apply(self, x, topk_weights, ids)
+        else:
+            y = fused_experts(x, self.gate_up_proj, self.down_proj, topk_weights, ids, has_remote=self.tp.ep_size > 1)
         return tensor_model_parallel_all_reduce(y, self.tp)

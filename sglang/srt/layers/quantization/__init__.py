@@ -47,8 +47,9 @@ def quantization_config(raw: dict[str, Any], flag: str | None = None) -> Fp8Conf
 MOE_ONLINE_FP8 = ("--quantization fp8 quantizes dense linears at load, not MoE experts: serve the -FP8 checkpoint "
                   "of this Qwen3-VL-MoE model (block-FP8 experts), or the bf16 one without --quantization")
 
-
-UNQUANTIZABLE_MODEL_TYPES = ("qwen3_5_moe",)  # FP8 experts of the hybrid MoE are not wired yet
+# MoE model types whose float experts --quantization fp8 quantizes after loading (layers/moe Fp8MoEMethod);
+# the others' are refused with MOE_ONLINE_FP8
+ONLINE_FP8_MOE_MODEL_TYPES = ("qwen3_5_moe",)
 
 
 def startup_problem(raw: dict[str, Any], flag: str | None, tp_size: int, ep_size: int = 1) -> str | None:
@@ -60,16 +61,14 @@ def startup_problem(raw: dict[str, Any], flag: str | None, tp_size: int, ep_size
         return str(e)
     text = raw.get("text_config", raw)
     moe = bool(text.get("num_experts") or text.get("num_local_experts"))
-    if config is not None and raw.get("model_type") in UNQUANTIZABLE_MODEL_TYPES:
-        return (f"{raw.get('model_type')}: FP8 weights are not supported for Qwen3.5-MoE models yet (the -FP8 "
-                "checkpoints and --quantization fp8 alike); serve the bfloat16 checkpoint")
-    if config is not None and moe and not config.serialized:
+    if config is not None and moe and not config.serialized and raw.get("model_type") not in ONLINE_FP8_MOE_MODEL_TYPES:
         return MOE_ONLINE_FP8
     if config is None or not config.serialized or tp_size == 1:
         return None
     heads, head_dim = text.get("num_attention_heads", 0), text.get("head_dim") or 0
     # (name, input features, ranks they are split over): the experts' down_proj over the tp/ep ranks of a group
-    inputs = [("o_proj", heads * head_dim, tp_size), ("down_proj", text.get("intermediate_size", 0), tp_size)]
+    inputs = [("o_proj", heads * head_dim, tp_size), ("down_proj", text.get("intermediate_size", 0), tp_size),
+              ("the shared expert's down_proj", text.get("shared_expert_intermediate_size", 0), tp_size)]
     if moe and ep_size >= 1 and tp_size % ep_size == 0:
         inputs.append(("the experts' down_proj", text.get("moe_intermediate_size", 0), tp_size // ep_size))
     bk = config.block[1]
@@ -87,4 +86,4 @@ def linear_method(config: Fp8Config | None, prefix: str, parts: tuple[str, ...] 
     return None if config is None else config.method_for(prefix, parts)
 
 
-__all__ = ["MOE_ONLINE_FP8", "linear_method", "startup_problem", "QUANTIZATION_CHOICES", "Fp8Config", "Fp8LinearMethod", "QuantizationError", "quantization_config"]
+__all__ = ["MOE_ONLINE_FP8", "ONLINE_FP8_MOE_MODEL_TYPES", "linear_method", "startup_problem", "QUANTIZATION_CHOICES", "Fp8Config", "Fp8LinearMethod", "QuantizationError", "quantization_config"]
