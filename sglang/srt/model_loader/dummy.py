@@ -23,8 +23,10 @@ from sglang.srt.layers.layernorm import ZeroCentredRMSNorm
 WEIGHT_STD = 0.02
 DEFAULT_SEED = 1234  # upstream's dummy-weight seed
 
-# parameter name suffix -> constant fill (checked before the generic rules)
-_CONSTANTS = {"weight_scale_inv": 1.0, "A_log": 0.0, "dt_bias": -4.0}
+# parameter leaf name -> constant fill (checked before the generic rules); every FP8 block scale (a leaf ending
+# in `_scale_inv`: linears' weight_scale_inv, fused experts' gate_up_proj_scale_inv / down_proj_scale_inv) is 1
+_CONSTANTS = {"A_log": 0.0, "dt_bias": -4.0}
+_SCALE_SUFFIX = "_scale_inv"
 
 
 def _param_seed(seed: int, name: str) -> int:
@@ -52,7 +54,9 @@ def fill_dummy_weights(model: nn.Module, seed: int = DEFAULT_SEED) -> int:
         leaf = name.rsplit(".", 1)[-1]
         module = owner[name]
         norm = _norm_fill(module) if leaf == "weight" else None
-        if leaf in _CONSTANTS:
+        if leaf.endswith(_SCALE_SUFFIX):
+            param.fill_(1.0)
+        elif leaf in _CONSTANTS:
             param.fill_(_CONSTANTS[leaf])
         elif norm is not None:
             param.fill_(norm)

@@ -28,7 +28,7 @@ def config_dirs(tmp_path_factory):
 
 
 CASES = [("qwen3-vl-tiny", None), ("qwen3-vl-moe-tiny", None), ("qwen2.5-vl-tiny", None), ("qwen3.5-tiny", None),
-         ("qwen3.5-moe-tiny", None), ("qwen3-vl-tiny", "fp8")]
+         ("qwen3.5-moe-tiny", None), ("qwen3-vl-tiny", "fp8"), ("qwen3-vl-moe-tiny", "fp8"), ("qwen3.5-moe-tiny", "fp8")]
 
 
 @pytest.mark.parametrize("preset,quantize", CASES, ids=[f"{p}-{q or 'bf16'}" for p, q in CASES])
@@ -41,10 +41,12 @@ def test_every_layout_loads_filled_finite_and_seeded(config_dirs, preset, quanti
     pa, pb, pc = (dict(m.named_parameters()) for m in (a, b, c))
     assert all(torch.isfinite(p.float()).all() for p in pa.values())
     assert all(torch.equal(pa[n], pb[n]) for n in pa), "one seed, one model"
-    big = [n for n, p in pa.items() if p.dim() >= 2 and not n.endswith("weight_scale_inv")]  # scales: 1
+    scales = [n for n in pa if n.endswith("_scale_inv")]
+    assert all(torch.all(pa[n] == 1) for n in scales), "every FP8 block scale is 1"
+    big = [n for n, p in pa.items() if p.dim() >= 2 and n not in scales]
     assert big and all(not torch.equal(pa[n], pc[n]) for n in big), "another seed, other weights"
     if quantize == "fp8":
-        assert any(p.dtype == torch.float8_e4m3fn for p in pa.values())
+        assert any(p.dtype == torch.float8_e4m3fn for p in pa.values()) and scales
 
 
 def test_norms_start_at_identity_and_decays_are_slow(config_dirs):
