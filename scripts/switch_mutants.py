@@ -55,6 +55,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "segment_prefix(server_args.port) if False else None",
            ("test/unit/managers/test_request_builder_switch.py"
             "::test_shm_transport_moves_the_pixels_out_of_the_message",)),
+    Mutant("gdn-kernels-bypassed", "SGLANG_GDN_BACKEND", "sglang/srt/models/qwen3_5.py",
+           "                if plan is not None:  # the kernel path", "                if False:  # the kernel path",
+           ("test/unit/models/test_qwen3_5_gdn_backend.py::test_triton_kernels_equal_the_torch_path",)),
     Mutant("vit-chunk-encodes-whole-request", "SGLANG_VIT_CHUNK_PER_IMAGE", "sglang/srt/multimodal/embedder.py",
            "return cls(envs.SGLANG_VIT_CHUNK_PER_IMAGE.get(),", "return cls(False,",
            ("test/unit/managers/test_vit_chunk_per_image.py::test_request_sharing_31_of_32_images",)),

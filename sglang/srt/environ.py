@@ -216,6 +216,11 @@ envs.add("SGLANG_SAMPLER_BACKEND", "auto", lambda raw: _parse_choice(raw, ("auto
          "Next-token sampler: auto (the one-launch Triton kernel sgl_kernel.sampling.sample_from_logits for CUDA "
          "logits when triton and sgl_kernel import, else the torch path), triton (always the kernel; CPU tensors "
          "only under TRITON_INTERPRET=1) or torch (always the torch path).")
+envs.add("SGLANG_GDN_BACKEND", "auto", lambda raw: _parse_choice(raw, ("auto", "triton", "torch")),
+         "Qwen3.5's Gated DeltaNet layers: auto (sgl_kernel.gdn's Triton kernels, one batched call per op over "
+         "the batch with states addressed in the state pool, for CUDA activations when triton and sgl_kernel "
+         "import; else the per-request torch path), triton (always the kernels; CPU tensors only under "
+         "TRITON_INTERPRET=1) or torch (always the per-request torch path). Read once when the model is built.")
 envs.add("SGLANG_STOP_REGEX_TIMEOUT_MS", 100.0, float,
          "Time budget of one request's stop_regex search per output token (all its patterns together, in the "
          "scheduler); a search past it ends that request with a 400 naming the pattern. A stream's search for a "

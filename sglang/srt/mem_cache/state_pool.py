@@ -29,6 +29,17 @@ import torch
 from sglang.srt.mem_cache.gdn_state import GDNRequestState, GDNStateShape
 
 
+class PoolStates(list):
+    """`GDNStatePool.states_for`'s result: the batch's `GDNRequestState`s in batch order (a plain list to the
+    per-request torch path), plus where they live, for the kernel path (layers/attention/fla/pooled.py):
+    `pool`, and `rows`, each request's pool row (= its request-table row), in batch order."""
+
+    def __init__(self, states: list[GDNRequestState], pool: "GDNStatePool", rows: Sequence[int]):
+        super().__init__(states)
+        self.pool = pool
+        self.rows = list(rows)
+
+
 class GDNStatePool:
     def __init__(self, shape: GDNStateShape, rows: int, device: str | torch.device = "cpu", snapshot_slots: int = 0):
         self.shape = shape
@@ -80,7 +91,7 @@ class GDNStatePool:
             self.conv[dst].copy_(self.conv[src])
             self.recurrent[dst].copy_(self.recurrent[src])
 
-    def states_for(self, rows: Sequence[int], prefix_lens: Sequence[int] | None = None) -> list[GDNRequestState]:
+    def states_for(self, rows: Sequence[int], prefix_lens: Sequence[int] | None = None) -> PoolStates:
         """The batch's states in batch order, after the queued copies. `prefix_lens` (EXTEND batches): a
         request whose new tokens start at position 0 gets a zeroed state first."""
         self.apply_pending()
@@ -90,4 +101,4 @@ class GDNStatePool:
                 idx = torch.tensor(fresh, dtype=torch.int64, device=self.device)
                 self.conv.index_fill_(0, idx, 0)
                 self.recurrent.index_fill_(0, idx, 0)
-        return [self.state(r) for r in rows]
+        return PoolStates([self.state(r) for r in rows], self, rows)

@@ -6,7 +6,9 @@ that map it, `multimodal/transport/cuda_ipc_budget.py`).
 
 A chunk's transient memory grows with the chunk (hidden states, q/k/v, the MLP's intermediate) and with
 the context it attends (the keys gathered per layer), never with chunk x context since prefill attention
-runs in bounded query tiles. A server whose chunk does not fit used to die on its first long prompt (the
+runs in bounded query tiles. Hybrid models (Qwen3.5) add a linear-attention layer's tensors and the chunked
+gated delta rule kernel's float32 workspace (`gdn_chunk_workspace_bytes`: ~384 MiB at 8192 tokens for
+Qwen3.5-4B at TP 1). A server whose chunk does not fit used to die on its first long prompt (the
 kernel's OOM killer took the scheduler, every client got 503); now start-up shrinks the chunk to what
 fits, with one log line, or refuses with one line when not even the smallest chunk fits.
 """
@@ -37,7 +39,34 @@ def prefill_activation_bytes(text, chunk_tokens: int, context_length: int, dtype
     scores = min(SCORE_TILE_BYTES, chunk_tokens * context_length * heads_q * 4) * 3
     # float32 logits and their log-softmax, for at most PROMPT_LOGPROB_ROWS of the chunk's rows at a time
     logits = min(PROMPT_LOGPROB_ROWS, chunk_tokens) * text.vocab_size * 4 * 2
-    return hidden + qkv + mlp + keys + scores + logits
+    return hidden + qkv + mlp + keys + scores + logits + gdn_prefill_bytes(text, chunk_tokens, dtype_bytes, tp_size)
+
+
+def gdn_chunk_workspace_bytes(text, chunk_tokens: int, tp_size: int = 1) -> int:
+    """The float32 workspace the chunked gated delta rule kernel (sgl_kernel.gdn) allocates for one layer's
+    call over `chunk_tokens` tokens: normalised q and k (Hk x Dk each), the UT transform's w (Hv x Dk) and
+    u (Hv x Dv) per token. 0 for a model without linear attention. (Snapshot captures split a chunk into
+    rounds of fewer tokens: the whole chunk is the peak.)"""
+    h = getattr(text, "hybrid", None)
+    if h is None:
+        return 0
+    hk, hv = max(1, h.linear_num_key_heads // tp_size), max(1, h.linear_num_value_heads // tp_size)
+    dk, dv = h.linear_key_head_dim, h.linear_value_head_dim
+    return chunk_tokens * (2 * hk * dk + hv * dk + hv * dv) * 4
+
+
+def gdn_prefill_bytes(text, chunk_tokens: int, dtype_bytes: int, tp_size: int = 1) -> int:
+    """A linear-attention layer's transient bytes beyond the attention terms above: its projections (q|k|v
+    and the gate z), the conv output, the decays (float32) and beta, its output o, and the chunk kernel's
+    workspace. 0 for a model without linear attention."""
+    h = getattr(text, "hybrid", None)
+    if h is None:
+        return 0
+    hv = max(1, h.linear_num_value_heads // tp_size)
+    conv_dim = h.conv_dim // tp_size
+    value_dim = hv * h.linear_value_head_dim
+    acts = chunk_tokens * ((2 * conv_dim + 2 * value_dim) * dtype_bytes + hv * (4 + dtype_bytes))
+    return acts + gdn_chunk_workspace_bytes(text, chunk_tokens, tp_size)
 
 
 def kv_budget_tokens(total: int, free: int, mem_fraction_static: float, reserved: int,

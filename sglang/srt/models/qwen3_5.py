@@ -12,8 +12,11 @@ a KV cache). Linear-attention layers need each request's recurrent state: the fo
 `forward_batch.gdn_states`, one `GDNRequestState` per request in batch order (allocated from
 `model.gdn_state_shape()`, zero for a new request), and updates them in place. The model runner provides
 them from its state pool (mem_cache/state_pool.py), one row per request-table row; a test driver does
-the same standalone (test/unit/models/qwen3_5_driver.py). The KV pool holds only the full-attention
-layers: each takes its rank among them as its KV layer id.
+the same standalone (test/unit/models/qwen3_5_driver.py). Two paths (SGLANG_GDN_BACKEND, read once when
+the model is built): the per-request torch path over those states, or sgl_kernel's Triton kernels, one
+batched call per op, addressing the states in the pool by the batch's request-table rows
+(`kernel_batch`, layers/attention/fla/pooled.py; snapshot captures from `forward_batch.gdn_captures`).
+The KV pool holds only the full-attention layers: each takes its rank among them as its KV layer id.
 
 Checkpoints carry a multi-token-prediction head (`mtp.*`); it is skipped at load (speculative decoding
 is not supported), with one log line.
@@ -30,7 +33,9 @@ from sglang.srt.configs.model_config import ModelConfig, TextConfig
 from sglang.srt.configs.qwen3_5_config import LINEAR_ATTENTION
 from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
+from sglang.srt.environ import envs
 from sglang.srt.layers.attention.fla.gated_delta_net import GatedDeltaNet
+from sglang.srt.layers.attention.fla.pooled import check_backend, plan_kernel_batch, uses_kernels
 from sglang.srt.mem_cache.gdn_state import GDNRequestState, GDNStateShape
 from sglang.srt.layers.layernorm import ZeroCentredRMSNorm
 from sglang.srt.layers.quantization import linear_method
@@ -125,14 +130,35 @@ class Qwen3_5DecoderLayer(nn.Module):
 
 
 def request_states(forward_batch) -> list[GDNRequestState]:
-    """The batch's per-request DeltaNet states (see the module docstring), checked against its size."""
+    """The batch's per-request DeltaNet states (see the module docstring), checked against its size; as
+    given (a pool's `PoolStates` keeps its pool and rows, which the kernel path needs)."""
     states = getattr(forward_batch, "gdn_states", None)
     if states is None:
         raise RuntimeError("Qwen3.5's linear-attention layers need forward_batch.gdn_states (one GDNRequestState "
                            "per request); this runner does not provide recurrent states")
     if len(states) != forward_batch.batch_size:
         raise ValueError(f"{len(states)} recurrent states for a batch of {forward_batch.batch_size}")
-    return list(states)
+    return states
+
+
+def kernel_batch(backend: str, states, seq_lens: list[int], forward_batch, device: torch.device):
+    """The plan of the Gated DeltaNet kernel path for this forward (layers/attention/fla/pooled.py), or None
+    for the per-request torch path: `backend` (SGLANG_GDN_BACKEND) picks; the kernels address states in
+    their pool, so only states from `GDNStatePool.states_for` can take them (auto falls back to torch for
+    others, e.g. a test driver's standalone states; triton refuses)."""
+    if not uses_kernels(backend, device):
+        return None
+    pool = getattr(states, "pool", None)
+    if pool is None:
+        if backend == "triton":
+            raise RuntimeError("SGLANG_GDN_BACKEND=triton: the Gated DeltaNet kernels need forward_batch.gdn_states "
+                               "from a GDNStatePool (GDNStatePool.states_for); these states are not in a pool")
+        return None
+    rows = states.rows
+    # the pool row of a request is its request-table row: the batch already holds them on the device
+    slots = forward_batch.req_pool_indices if rows == forward_batch.req_pool_indices_cpu else None
+    captures = forward_batch.gdn_captures if forward_batch.forward_mode.is_extend() else None
+    return plan_kernel_batch(pool.conv, pool.recurrent, rows, seq_lens, captures, slots, forward_batch.qo_indptr)
 
 
 class Qwen3_5TextModel(nn.Module):
@@ -152,6 +178,8 @@ class Qwen3_5TextModel(nn.Module):
         self.norm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         # decoder index -> index among the linear-attention layers (the state's layer axis)
         self.state_index = {layer: j for j, layer in enumerate(config.hybrid.linear_layers)}
+        # SGLANG_GDN_BACKEND, resolved once here: which path the linear-attention layers take (fla/pooled.py)
+        self.gdn_backend = check_backend(envs.SGLANG_GDN_BACKEND.get())
 
     def gdn_state_shape(self) -> GDNStateShape:
         first = self.layers[self.config.hybrid.linear_layers[0]].linear_attn
@@ -166,14 +194,19 @@ class Qwen3_5TextModel(nn.Module):
         else:
             seq_lens = [1] * forward_batch.batch_size
         states = request_states(forward_batch) if self.state_index else []
+        plan = kernel_batch(self.gdn_backend, states, seq_lens, forward_batch, hidden_states.device) \
+            if self.state_index else None
         captures = getattr(forward_batch, "gdn_capture_states", None)
         residual = None
         for i, layer in enumerate(self.layers):
             gdn = None
             if layer.is_linear:
                 j = self.state_index[i]
-                gdn = (seq_lens, [s.layer(j) for s in states],
-                       [[(at, c.layer(j)) for at, c in caps] for caps in captures] if captures else None)
+                if plan is not None:  # the kernel path: this layer's pool views, the batch plan
+                    gdn = (seq_lens, plan.layer(j))
+                else:
+                    gdn = (seq_lens, [s.layer(j) for s in states],
+                           [[(at, c.layer(j)) for at, c in caps] for caps in captures] if captures else None)
             hidden_states, residual = layer(rope, hidden_states, residual, forward_batch, gdn)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states

@@ -9,8 +9,13 @@ Parameter names are the released checkpoint's (`in_proj_qkv`, `in_proj_z`, `in_p
 each rank holds Hk/tp key heads and Hv/tp value heads, the matching slices of q, k and v in the
 projection and the conv channels (a value head's key head stays on its rank), and out_proj reduces.
 
-State: the caller passes one `GDNLayerState` per request (state.py); the layer reads it and writes the
-new conv history and delta-rule state back in place. The layer itself holds no per-request data.
+State, two paths (the model picks one per forward: SGLANG_GDN_BACKEND, pooled.py):
+- torch (ops.py): the caller passes one `GDNLayerState` per request (mem_cache/gdn_state.py); the layer
+  runs each request (and each snapshot-capture piece) in turn and writes the new conv history and
+  delta-rule state back in place;
+- kernels (sgl_kernel.gdn): the caller passes a `GDNPoolLayer`, this layer's views of the state pool and a
+  plan of the batch (slots, cu_seqlens, capture rounds); each op is one batched call (pooled.py).
+The layer itself holds no per-request data.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from sglang.srt.layers.attention.fla.ops import (
     chunk_gated_delta_rule,
     recurrent_gated_delta_rule,
 )
+from sglang.srt.layers.attention.fla.pooled import GDNPoolLayer, mix_pooled
 from sglang.srt.mem_cache.gdn_state import GDNLayerState, GDNStateShape
 from sglang.srt.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.checkpoint_tensor import materialize
@@ -109,21 +115,37 @@ class GatedDeltaNet(nn.Module):
         return GDNStateShape(num_layers, 2 * self.key_dim + self.value_dim, self.conv_kernel, self.num_v_heads,
                              self.head_k_dim, self.head_v_dim, conv_dtype=dtype)
 
-    def forward(self, hidden_states: torch.Tensor, seq_lens: Sequence[int], states: Sequence[GDNLayerState],
+    def forward(self, hidden_states: torch.Tensor, seq_lens: Sequence[int],
+                states: Sequence[GDNLayerState] | GDNPoolLayer,
                 captures: Sequence[Sequence[tuple[int, GDNLayerState]]] | None = None) -> torch.Tensor:
         """hidden_states: (T, hidden), the new tokens of each request in turn (`seq_lens[i]` of request
-        i, summing to T); states[i]: request i's state, read and then updated in place. captures[i]:
+        i, summing to T).
+
+        The torch path: states[i] is request i's state, read and then updated in place; captures[i]:
         (k, target) pairs, 0 < k <= seq_lens[i] ascending: the state after request i's first k new
-        tokens is also copied into `target` (the prefix cache's snapshots)."""
-        if sum(seq_lens) != hidden_states.shape[0] or len(seq_lens) != len(states):
-            raise ValueError(f"{hidden_states.shape[0]} tokens, seq_lens {list(seq_lens)}, {len(states)} states")
+        tokens is also copied into `target` (the prefix cache's snapshots).
+        The kernel path: `states` is a `GDNPoolLayer` (pooled.py): this layer's views of the state pool
+        and the batch plan, which carries the slots and the captures (`captures` unused)."""
+        pooled = isinstance(states, GDNPoolLayer)
+        if sum(seq_lens) != hidden_states.shape[0] or (not pooled and len(seq_lens) != len(states)):
+            raise ValueError(f"{hidden_states.shape[0]} tokens, seq_lens {list(seq_lens)}, "
+                             f"{'a pool' if pooled else len(states)} states")
         t = hidden_states.shape[0]
         qkv = self.in_proj_qkv(hidden_states)
         z = self.in_proj_z(hidden_states)
         beta = self.in_proj_b(hidden_states).sigmoid()
         # float32 decay: in half precision exp(A_log) * softplus(.) could round to -inf in the exponent
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias.float())
-        out = torch.empty(t, self.num_v_heads, self.head_v_dim, dtype=torch.float32, device=hidden_states.device)
+        if pooled:
+            out = mix_pooled(self, qkv, g, beta, states)
+        else:
+            out = self._mix_requests(qkv, g, beta, seq_lens, states, captures)
+        o = self.norm(out.to(hidden_states.dtype).view(-1, self.head_v_dim), z.view(-1, self.head_v_dim))
+        return self.out_proj(o.view(t, self.value_dim))
+
+    def _mix_requests(self, qkv, g, beta, seq_lens, states, captures) -> torch.Tensor:
+        """The torch path: one request (and one capture piece) at a time; o (T, Hv, Dv) float32."""
+        out = torch.empty(qkv.shape[0], self.num_v_heads, self.head_v_dim, dtype=torch.float32, device=qkv.device)
         start = 0
         for i, (n, state) in enumerate(zip(seq_lens, states)):
             # the request's tokens in pieces ending at its capture points (one piece without any)
@@ -138,8 +160,7 @@ class GatedDeltaNet(nn.Module):
                     target.conv.copy_(state.conv)
                     target.recurrent.copy_(state.recurrent)
             start += n
-        o = self.norm(out.to(hidden_states.dtype).view(-1, self.head_v_dim), z.view(-1, self.head_v_dim))
-        return self.out_proj(o.view(t, self.value_dim))
+        return out
 
     def _mix_one(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: GDNLayerState) -> torch.Tensor:
         """One request's n new tokens: conv, then the delta rule (the recurrent step for a single token,
