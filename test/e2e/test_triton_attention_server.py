@@ -1,6 +1,9 @@
 """`--attention-backend triton --mm-attention-backend triton` through the server gives transformers'
 greedy tokens: text, one image, several images of different sizes, with 16-token chunked prefill
-(chunks cut through images) and a radix-cache hit, for tiny Qwen3-VL and Qwen2.5-VL in float32.
+(chunks cut through images) and a radix-cache hit, for tiny Qwen3-VL and Qwen2.5-VL in float32; and for tiny
+Qwen3.5 (slow), with its Gated DeltaNet layers on sgl_kernel.gdn's kernels too (SGLANG_GDN_BACKEND=triton): the
+full-attention layers at their head_dim with partial rotary, the DeltaNet states carried across chunks and
+resumed from a snapshot on the radix hit.
 
 On CPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1 in the server's environment);
 with SGLANG_TEST_DEVICE=cuda they run compiled on the GPU."""
@@ -22,10 +25,13 @@ PARITY_CASES = ("text_only", "one_image", "three_images_mixed_sizes")
 
 # Qwen2.5-VL's interpreted server (windowed tower: ~40 s on 2 cores) runs in the slow target; its kernels'
 # cases stay in sgl-kernel/tests, its greedy parity on the torch backends in the default suite
-@pytest.fixture(scope="module", params=["qwen3-vl-tiny", pytest.param("qwen2.5-vl-tiny", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=["qwen3-vl-tiny", pytest.param("qwen2.5-vl-tiny", marks=pytest.mark.slow),
+                                        pytest.param("qwen3.5-tiny", marks=pytest.mark.slow)])
 def triton_server(request, tiny_model_dir, tmp_path_factory):
     model_dir = tiny_model_dir(request.param)
     env = {"TRITON_INTERPRET": "1"} if TEST_DEVICE == "cpu" else {}
+    if request.param.startswith("qwen3.5"):
+        env["SGLANG_GDN_BACKEND"] = "triton"  # the DeltaNet layers on their kernels as well (auto: torch on CPU)
     s = ServerProcess(model_dir, tmp_path_factory.mktemp("triton"),
                       ["--attention-backend", "triton", "--mm-attention-backend", "triton",
                        "--chunked-prefill-size", "16"], env=env)
