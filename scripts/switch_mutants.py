@@ -58,6 +58,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("gdn-kernels-bypassed", "SGLANG_GDN_BACKEND", "sglang/srt/models/qwen3_5.py",
            "                if plan is not None:  # the kernel path", "                if False:  # the kernel path",
            ("test/unit/models/test_qwen3_5_gdn_backend.py::test_triton_kernels_equal_the_torch_path",)),
+    Mutant("mm-admission-unbounded", "--mm-max-in-flight-per-request", "sglang/srt/multimodal/bounded_fanout.py",
+           "    window = n if not limit or limit >= n else int(limit)", "    window = n",
+           ("test/unit/multimodal/test_bounded_admission.py"
+            "::test_run_bounded_keeps_at_most_k_submitted_and_returns_results_in_order",)),
     Mutant("vit-chunk-encodes-whole-request", "SGLANG_VIT_CHUNK_PER_IMAGE", "sglang/srt/multimodal/embedder.py",
            "return cls(envs.SGLANG_VIT_CHUNK_PER_IMAGE.get(),", "return cls(False,",
            ("test/unit/managers/test_vit_chunk_per_image.py::test_request_sharing_31_of_32_images",)),

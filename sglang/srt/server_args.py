@@ -121,6 +121,11 @@ class ServerArgs:
     mm_io_worker_num: int | None = field(default=None, metadata=_arg(
         "threads that fetch and decode images: in each preprocessing worker (default 4), or, with "
         "--mm-processor-worker-num 0, the tokenizer manager's media pool (default min(32, CPUs + 4))"))
+    mm_max_in_flight_per_request: int | None = field(default=None, metadata=_arg(
+        "most images (and videos) of one request fetched, decoded and preprocessed at a time: a request with many "
+        "images is processed in windows of this many, so its transient memory is bounded and other requests' "
+        "images interleave with it in the shared pool; unset: half the preprocessing slots (worker processes x "
+        "--mm-io-worker-num, else the media pool's threads), at least 2; 0: no bound (every image at once)"))
     max_payload_size: int | None = field(default=None, metadata=_arg(
         "largest HTTP request body accepted, in bytes (suffixes as for token counts: 64Mi); larger bodies get 413 "
         "(default 64 MiB; 1 GiB on an --encoder-only server, whose /encode bodies carry pixels)", parse=parse_token_count))

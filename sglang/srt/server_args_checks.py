@@ -113,6 +113,8 @@ def check_and_normalize(args) -> list[str]:
         problems.append("--mm-processor-worker-num must be in [0, 64]")
     if args.mm_io_worker_num is not None and not 1 <= args.mm_io_worker_num <= 256:
         problems.append("--mm-io-worker-num must be in [1, 256]")
+    if args.mm_max_in_flight_per_request is not None and not 0 <= args.mm_max_in_flight_per_request <= 4096:
+        problems.append("--mm-max-in-flight-per-request must be in [0, 4096] (0: no bound)")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         problems.append("--node-rank must be in [0, --nnodes)")
     elif args.tp_size % args.nnodes:

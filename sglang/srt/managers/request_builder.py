@@ -26,6 +26,7 @@ from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, TokenizedGenerateReqInput
 from sglang.srt.managers.tokenizer_lanes import TokenizerLanes
 from sglang.srt.environ import envs
+from sglang.srt.multimodal.bounded_fanout import resolve_in_flight
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_hash_enabled, precompute_item_hashes
 from sglang.srt.multimodal.image_flight import SharedImageLoader
 from sglang.srt.multimodal.media_fetch import is_http_url
@@ -144,10 +145,17 @@ class RequestBuilder:
         # Only per-image work runs here: `build` itself runs in another pool and waits on this one (with
         # workers, its threads wait on them). --mm-io-worker-num sizes it when there are no workers.
         io = server_args.mm_io_worker_num if self.mm_pool is None else None
-        self.media_pool = ThreadPoolExecutor(io or min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="sglang-media")
+        threads = io or min(32, (os.cpu_count() or 1) + 4)
+        self.media_pool = ThreadPoolExecutor(threads, thread_name_prefix="sglang-media")
+        # --mm-max-in-flight-per-request: a request's images are loaded (and hashed) K at a time (bounded_fanout)
+        slots = self.mm_pool.num_workers * self.mm_pool.io_threads if self.mm_pool else threads
+        self.mm_in_flight = resolve_in_flight(server_args.mm_max_in_flight_per_request, slots)
         if self.processor is not None:
+            # bounded in-process loads write each finished image to shm at once (a huge request holds K here)
+            spill = self.shm_prefix if self.mm_pool is None and self.mm_in_flight else None
             self.image_loader = SharedImageLoader(self.processor, lambda url: self.fetcher(url), self.hash_algo,
                                                   self.hash_algo if self.precompute_hash else None,
+                                                  spill_prefix=spill,
                                                   remote=self.mm_pool)
             self.processor.image_loader = self.image_loader
 
@@ -283,9 +291,11 @@ class RequestBuilder:
             extra = {"image_config": req.image_config} if req.image_config is not None else {}
             if videos or req.video_config is not None:
                 extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)
-            ids, mm = self.processor.process(ids, images, executor=self.media_pool, **extra)
+            ids, mm = self.processor.process(ids, images, executor=self.media_pool, max_in_flight=self.mm_in_flight,
+                                             **extra)
         mm_inputs = mm if images or videos else None
-        owned = own_pointers(mm_inputs, self.shm_prefix) if mm_inputs is not None and self.mm_pool else []
+        # the segments a worker (or a spilled in-process load) already wrote: this request's own from here on
+        owned = own_pointers(mm_inputs, self.shm_prefix) if mm_inputs is not None and self.shm_prefix else []
         try:
             if mm_inputs is not None:  # observable: the carrier each item actually left with
                 with self._count_lock:  # worker threads
@@ -300,7 +310,7 @@ class RequestBuilder:
                 # Still in the worker thread: the items hash in parallel on the image pool and
                 # are pickled with their hash and pad value; the scheduler only checks.
                 with self.stage_timer.measure(timings, "hash"):
-                    precompute_item_hashes(mm_inputs, self.hash_algo, self.media_pool)
+                    precompute_item_hashes(mm_inputs, self.hash_algo, self.media_pool, self.mm_in_flight)
                 self.stage_timer.emit(req.rid, timings, ("hash",))
         except BaseException:
             release_unsent(owned)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sglang.srt.multimodal.bounded_fanout import run_bounded
 from sglang.srt.multimodal.mm_types import EncodedImage
 
 # Pad values stay below 2**30 (as upstream) so they fit any int32 id tensor.
@@ -231,13 +232,15 @@ def ensure_item_hashes(mm_inputs, algo: str | None = None) -> int:
     return computed
 
 
-def precompute_item_hashes(mm_inputs, algo: str, executor: Executor | None = None) -> int:
+def precompute_item_hashes(mm_inputs, algo: str, executor: Executor | None = None,
+                           max_in_flight: int | None = None) -> int:
     """Tokenizer side: hashes every unhashed item, one task per item on `executor` (a thread pool:
-    the digests release the GIL, so items hash in parallel and the event loop keeps running).
+    the digests release the GIL, so items hash in parallel and the event loop keeps running), at most
+    `max_in_flight` at a time (None or 0: all at once; `bounded_fanout.run_bounded`).
     Returns how many items were hashed. Must not be called on the event loop thread."""
     todo = [it for it in mm_inputs.mm_items if it.hash is None]
     if executor is not None and len(todo) > 1:
-        hashes = list(executor.map(lambda it: item_hash(it, algo), todo))
+        hashes = run_bounded(executor, lambda it: item_hash(it, algo), todo, max_in_flight)
     else:
         hashes = [item_hash(it, algo) for it in todo]
     for it, h in zip(todo, hashes):

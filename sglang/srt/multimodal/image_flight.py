@@ -23,33 +23,53 @@ strong as the cache key the image gets anyway. Shared results are read-only by c
 requests arrive; the per-image work (`load_processed_image`) runs in a worker, which returns the pixels as a
 shared-memory segment. A segment name has one owner, so a flight shared by several requests is split: the
 leader's request keeps the worker's name and every other one gets a hard link of its own (`split`).
+
+**Spilling** (bounded admission, `bounded_fanout.py`). Without workers, an image loaded here can have its
+pixels written to a shared-memory segment as soon as it is processed (`spill_prefix`), exactly as a worker
+returns them: a request with many images then holds in this process only the K images being processed, not
+every finished one until the request is sent. Ownership is the workers' rule: one name per caller (`split`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Hashable
+
+import numpy as np
+import torch
 
 from sglang.srt.multimodal.hashing import content_digest, item_hash
 from sglang.srt.multimodal.image_io import ImageLoadError, load_image_bytes
 from sglang.srt.multimodal.media_fetch import is_http_url
 from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
+from sglang.srt.multimodal.transport.shm import (
+    ShmPointerMMData,
+    ShmSpaceError,
+    link_segment,
+    unlink_segments,
+    write_segment,
+)
 from sglang.srt.utils.single_flight import SingleFlight
 
 
 class SharedImageLoader:
     def __init__(self, processor, fetcher=None, key_algo: str = "xxh3_128", hash_algo: str | None = None,
-                 remote=None):
+                 remote=None, spill_prefix: str | None = None):
         """`processor`: has `load_and_process_image(source, cfg)` and `allowed_local_media_path`; `fetcher`:
         url -> bytes (None: URLs are refused); `key_algo`: digest of the bytes keys; `hash_algo`: the item
         hash computed in the flight (None: left to the caller, e.g. the scheduler's baseline sha256);
         `remote`: the preprocessing worker pool (`load_image(source, cfg)`, `share(result, n)`) that loads
-        encoded images and URLs (None: every image is loaded here, in the caller's thread)."""
+        encoded images and URLs (None: every image is loaded here, in the caller's thread); `spill_prefix`: an
+        image loaded here has its pixels written to a shared-memory segment under this prefix as soon as it is
+        processed (bounded admission: a request's finished images do not stay in this process; as a worker's,
+        each caller owns its segment name), None: they stay in memory until the request is sent."""
         self.processor = processor
         self.fetcher = fetcher
         self.key_algo = key_algo
         self.hash_algo = hash_algo
         self.remote = remote
+        self.spill_prefix = spill_prefix
         self.flight = SingleFlight()
         self._lock = threading.Lock()
         self.duplicates = 0  # images that reused an identical image of the same request
@@ -73,6 +93,10 @@ class SharedImageLoader:
         remote = self.remote
         if remote is not None and isinstance(source, (bytes, str)):  # encoded bytes or a URL: a worker's job
             return self.flight.run(key, lambda: remote.load_image(source, cfg), split=remote.share)
+        prefix = self.spill_prefix
+        if prefix is not None:
+            return self.flight.run(key, lambda: spill_pixels(self._load(source, cfg), prefix),
+                                   split=lambda pim, n: share_processed(pim, n, prefix))
         return self.flight.run(key, lambda: self._load(source, cfg))
 
     def note_duplicates(self, n: int) -> None:
@@ -106,4 +130,32 @@ def load_processed_image(processor, fetcher, source: Any, cfg, hash_algo: str | 
     return pim
 
 
-__all__ = ["SharedImageLoader", "load_processed_image"]
+def spill_pixels(pim, prefix: str):
+    """`pim` with its pixel array moved into a new shared-memory segment named under `prefix` (the caller owns
+    the name); kept inline when /dev/shm is full (the request then sends it inline, as `_to_shm` would) or when
+    there is no array (a deferred JPEG)."""
+    if isinstance(pim.pixel_values, np.ndarray):
+        try:
+            pim.pixel_values = write_segment(torch.from_numpy(pim.pixel_values), prefix)
+        except ShmSpaceError:
+            pass
+    return pim
+
+
+def share_processed(pim, n: int, prefix: str) -> list:
+    """`pim` for the n callers of one flight: the first keeps its segment name, every other gets a hard link of
+    its own (no pixel copied). All or nothing: on failure every name is unlinked."""
+    ptr = pim.pixel_values
+    if n == 1 or not isinstance(ptr, ShmPointerMMData):
+        return [pim] * n
+    parts = [pim]
+    try:
+        for _ in range(n - 1):
+            parts.append(dataclasses.replace(pim, pixel_values=link_segment(ptr, prefix)))
+    except BaseException:
+        unlink_segments([p.pixel_values.name for p in parts])
+        raise
+    return parts
+
+
+__all__ = ["SharedImageLoader", "load_processed_image", "share_processed", "spill_pixels"]

@@ -19,7 +19,6 @@ a single flight a hard link of its own.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
@@ -33,7 +32,8 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from sglang.srt.errors import ServerUnhealthyError, StartupError
-from sglang.srt.multimodal.transport.shm import SHM_DIR, ShmPointerMMData, link_segment, unlink_segments
+from sglang.srt.multimodal.image_flight import share_processed
+from sglang.srt.multimodal.transport.shm import SHM_DIR, ShmPointerMMData, unlink_segments
 
 logger = logging.getLogger(__name__)
 
@@ -165,17 +165,7 @@ class MMProcessorPool:
     def share(self, pim, n: int) -> list:
         """`pim` for n requests of one flight: the first keeps its segment name, every other gets a hard
         link of its own (no pixel copied). All or nothing: on failure every name is unlinked."""
-        ptr = pim.pixel_values
-        if n == 1 or not isinstance(ptr, ShmPointerMMData):
-            return [pim] * n
-        parts = [pim]
-        try:
-            for _ in range(n - 1):
-                parts.append(dataclasses.replace(pim, pixel_values=link_segment(ptr, self.shm_prefix)))
-        except BaseException:
-            unlink_segments([p.pixel_values.name for p in parts])
-            raise
-        return parts
+        return share_processed(pim, n, self.shm_prefix)
 
     def stats(self) -> dict[str, Any]:
         """Per worker: name, pid, ready, jobs in flight and done, restarts."""

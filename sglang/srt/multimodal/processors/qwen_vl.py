@@ -8,7 +8,6 @@ import json
 import os
 import threading
 from concurrent.futures import Executor
-from dataclasses import field
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -16,9 +15,9 @@ import torch
 from sglang.srt.multimodal.image_io import (
     DEFAULT_MAX_IMAGE_PIXELS,
     ImageInput,
-    ImageLoadError,
     load_image_bytes,
 )
+from sglang.srt.multimodal.bounded_fanout import run_bounded
 from sglang.srt.multimodal.mm_types import (
     QWEN_IMAGE_TOKEN_ID,
     QWEN_VIDEO_TOKEN_ID,
@@ -235,6 +234,7 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         image_config: QwenVLImageProcessor | None = None,
         video_config: QwenVLVideoProcessor | None = None,
         fetcher: Any = None,
+        max_in_flight: int | None = None,
         **kwargs: Any,
     ) -> tuple[list[int], MultimodalInputs]:
         """Tokenize (if needed), preprocess images and videos (with a request's own configs from
@@ -242,7 +242,9 @@ class QwenVLProcessor(BaseMultimodalProcessor):
 
         Returns ``(input_ids, MultimodalInputs)``; ``mm_items`` follow the prompt, and each item's
         ``offsets`` are the half-open ranges of its placeholder tokens in ``input_ids`` (one per frame
-        group for a Qwen3-VL video, whose groups are separated by timestamp text).
+        group for a Qwen3-VL video, whose groups are separated by timestamp text). With an `executor`, at most
+        `max_in_flight` of the request's images and videos are loaded at a time (None or 0: all at once;
+        `bounded_fanout.run_bounded`).
         """
         images, videos = list(images or []), list(videos or [])
         ids = self.tokenize(prompt) if isinstance(prompt, str) else self.as_id_list(prompt)
@@ -262,7 +264,7 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         n_image_jobs = len(jobs)
         jobs += [(Modality.VIDEO, i, src, None) for i, src in enumerate(videos)]
         one = lambda job: self._load_one(job, len(images), len(videos), image_config, video_config, fetcher)  # noqa: E731
-        done = _run_all(executor if len(jobs) > 1 else None, one, jobs)
+        done = _run_all(executor if len(jobs) > 1 else None, one, jobs, max_in_flight)
         processed = [done[j] for j in alias] + done[n_image_jobs:]  # images (duplicates share), then videos
 
         out_ids: list[int] = []
@@ -376,10 +378,11 @@ class QwenVLProcessor(BaseMultimodalProcessor):
         return list(ids)
 
 
-def _run_all(executor: Executor | None, fn, jobs: list) -> list:
-    """`fn` of every job in order (on `executor` when given), as `executor.map` would; when one fails its
-    error is raised at once, and the segments the other jobs' results own (a preprocessing worker's pixels)
-    are unlinked, now or when those jobs end: a failed request leaves nothing behind."""
+def _run_all(executor: Executor | None, fn, jobs: list, limit: int | None = None) -> list:
+    """`fn` of every job in order (on `executor` when given, at most `limit` jobs at a time), as
+    `executor.map` would; when one fails its error is raised at once, and the segments the other jobs'
+    results own (a preprocessing worker's pixels) are unlinked, now or when those jobs end: a failed request
+    leaves nothing behind."""
     if executor is None:
         results: list = []
         try:
@@ -389,17 +392,7 @@ def _run_all(executor: Executor | None, fn, jobs: list) -> list:
             _release(results)
             raise
         return results
-    futures = [executor.submit(fn, job) for job in jobs]
-    for i, fut in enumerate(futures):
-        try:
-            fut.result()
-        except BaseException:
-            _release([f.result() for f in futures[:i]])
-            for f in futures[i + 1:]:
-                if not f.cancel():
-                    f.add_done_callback(lambda f: _release([f.result()]) if f.exception() is None else None)
-            raise
-    return [f.result() for f in futures]
+    return run_bounded(executor, fn, jobs, limit, _release)
 
 
 def _release(results) -> None:
