@@ -62,6 +62,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "    window = n if not limit or limit >= n else int(limit)", "    window = n",
            ("test/unit/multimodal/test_bounded_admission.py"
             "::test_run_bounded_keeps_at_most_k_submitted_and_returns_results_in_order",)),
+    Mutant("mm-single-flight-ignored", "SGLANG_MM_SINGLE_FLIGHT", "sglang/srt/managers/request_builder.py",
+           "shared=envs.SGLANG_MM_SINGLE_FLIGHT.get()", "shared=True",
+           ("test/unit/multimodal/test_single_flight_switch.py"
+            "::test_single_flight_off_processes_every_image_and_builds_the_same_requests",)),
+    Mutant("mm-data-url-decoded-in-tokenizer", "SGLANG_MM_DATA_URL_TEXT_KEY", "sglang/srt/managers/request_builder.py",
+           "data_url_text_key=envs.SGLANG_MM_DATA_URL_TEXT_KEY.get()", "data_url_text_key=False",
+           ("test/unit/multimodal/test_single_flight_switch.py"
+            "::test_a_data_url_is_keyed_by_its_text_and_decoded_by_the_worker",)),
     Mutant("vit-chunk-encodes-whole-request", "SGLANG_VIT_CHUNK_PER_IMAGE", "sglang/srt/multimodal/embedder.py",
            "return cls(envs.SGLANG_VIT_CHUNK_PER_IMAGE.get(),", "return cls(False,",
            ("test/unit/managers/test_vit_chunk_per_image.py::test_request_sharing_31_of_32_images",)),

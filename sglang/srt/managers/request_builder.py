@@ -138,7 +138,8 @@ class RequestBuilder:
         self.precompute_hash = precompute_hash_enabled() or epd
         self.hash_algo = configured_hash_algo()  # SGLANG_MM_HASH_ALGO
         # single-flight: each distinct image in flight (same URL, or same bytes) is fetched, decoded,
-        # preprocessed and hashed once, by the first request carrying it (multimodal/image_flight.py)
+        # preprocessed and hashed once, by the first request carrying it (multimodal/image_flight.py);
+        # SGLANG_MM_SINGLE_FLIGHT=0: every image on its own
         self.image_loader = None
         # --mm-processor-worker-num: encoded images go to worker processes; their pixels come back in shm
         self.mm_pool = self._ready_workers(mm_pool)
@@ -155,7 +156,8 @@ class RequestBuilder:
             spill = self.shm_prefix if self.mm_pool is None and self.mm_in_flight else None
             self.image_loader = SharedImageLoader(self.processor, lambda url: self.fetcher(url), self.hash_algo,
                                                   self.hash_algo if self.precompute_hash else None,
-                                                  spill_prefix=spill,
+                                                  spill_prefix=spill, shared=envs.SGLANG_MM_SINGLE_FLIGHT.get(),
+                                                  data_url_text_key=envs.SGLANG_MM_DATA_URL_TEXT_KEY.get(),
                                                   remote=self.mm_pool)
             self.processor.image_loader = self.image_loader
 

@@ -6,7 +6,11 @@
   URL in concurrent requests is fetched once); every other encoded source (bytes, base64, data URL, an
   allowed local file) is read to its bytes and keyed by their length and digest, so the same picture sent
   as base64 by one client and as a data URL by another is one image. A PIL image has no encoded form and
-  no key: it is processed on its own, as before.
+  no key: it is processed on its own, as before. With workers (SGLANG_MM_DATA_URL_TEXT_KEY, default on) a
+  data URL is keyed by its base64 text instead and decoded in the worker: the base64 decode was ~11% of the
+  tokenizer process's CPU per chat (docs/optimizations/mm-frontend.md); the price is that one picture sent
+  as a data URL and as raw bytes by concurrent requests is processed twice. SGLANG_MM_SINGLE_FLIGHT=0: no
+  image has a key, every one is processed on its own.
 - **Within a request** the processor maps each distinct key once and gives every duplicate the first
   one's result (`QwenVLProcessor.process`), whatever the timing.
 - **Across requests** (`load`) a `SingleFlight` keyed by (identity, image processor config) lets the first
@@ -55,7 +59,7 @@ from sglang.srt.utils.single_flight import SingleFlight
 
 class SharedImageLoader:
     def __init__(self, processor, fetcher=None, key_algo: str = "xxh3_128", hash_algo: str | None = None,
-                 remote=None, spill_prefix: str | None = None):
+                 remote=None, spill_prefix: str | None = None, shared: bool = True, data_url_text_key: bool = False):
         """`processor`: has `load_and_process_image(source, cfg)` and `allowed_local_media_path`; `fetcher`:
         url -> bytes (None: URLs are refused); `key_algo`: digest of the bytes keys; `hash_algo`: the item
         hash computed in the flight (None: left to the caller, e.g. the scheduler's baseline sha256);
@@ -63,23 +67,36 @@ class SharedImageLoader:
         encoded images and URLs (None: every image is loaded here, in the caller's thread); `spill_prefix`: an
         image loaded here has its pixels written to a shared-memory segment under this prefix as soon as it is
         processed (bounded admission: a request's finished images do not stay in this process; as a worker's,
-        each caller owns its segment name), None: they stay in memory until the request is sent."""
+        each caller owns its segment name), None: they stay in memory until the request is sent; `shared`
+        (SGLANG_MM_SINGLE_FLIGHT): False, no image has an identity, so each is processed on its own (no bytes
+        read or digested here, nothing shared within a request or across requests); `data_url_text_key`
+        (SGLANG_MM_DATA_URL_TEXT_KEY, with `remote` only): a data URL is keyed by a digest of its base64 text
+        and sent as it is, the worker decoding it (no base64 decode here)."""
         self.processor = processor
         self.fetcher = fetcher
         self.key_algo = key_algo
         self.hash_algo = hash_algo
         self.remote = remote
         self.spill_prefix = spill_prefix
+        self.shared = shared
+        self.data_url_text_key = data_url_text_key and remote is not None
         self.flight = SingleFlight()
         self._lock = threading.Lock()
         self.duplicates = 0  # images that reused an identical image of the same request
 
     def identify(self, source: Any) -> tuple[Hashable | None, Any]:
         """(key or None, the source to load: the bytes read for it when there are any). Raises
-        ImageLoadError (a 400) for a source that cannot be read, as loading it would."""
+        ImageLoadError (a 400) for a source that cannot be read, as loading it would. Single-flight off: (None,
+        the source as given), its problems found when it is loaded."""
+        if not self.shared:
+            return None, source
         if is_http_url(source):
             url = source.strip()
             return ("url", url), url
+        if self.data_url_text_key and isinstance(source, str) and source[:16].lstrip().lower().startswith("data:"):
+            # its own key space: the same payload as raw bytes is another key (a missed share, never a wrong one)
+            payload = source[source.find(",") + 1:].strip().encode("utf-8", "surrogatepass")
+            return ("data-url", len(payload), content_digest(payload, self.key_algo)), source
         data = load_image_bytes(source, allowed_local_media_path=self.processor.allowed_local_media_path)
         if data is None:  # a PIL image
             return None, source
