@@ -18,6 +18,10 @@ pools) over the burst, divided by the images in it; the utilisation is that CPU 
 0: the tokenizer manager's own threads). The workers' CPU is read from /proc and reported apart
 (`worker_cpu_s`, `worker_cpu_utilisation`): main-process CPU is what the tokenizer manager's process pays.
 
+Admission of 1-image chats while a 64-image chat is admitted (--mm-max-in-flight-per-request), and its peak
+RSS: `bench_frontend_admission.py`, built on this file's model copy and stub scheduler. Main-process CPU of
+each request-local fast-path candidate: `bench_request_fastpath.py`.
+
 Qwen3-VL's preprocessing on the tiny Qwen3-VL (its preprocessor's pixel limits raised to Qwen3-VL's in a copy
 of the checkpoint directory): 1280x720 -> 736x1280, 3680 patches per image.
 """
