@@ -6,7 +6,8 @@
 #                                               # parity tests, forward and serving figures, attention kernels
 #   bash scripts/gpu_check.sh --stage anchor    # the second call, once first passed (planned <= 520 s): full-depth
 #                                               # qwen3-vl-8b/4b with --load-format dummy on the anchors' workloads
-#   bash scripts/gpu_check.sh --stage hybrid    # Qwen3.5's GPU path: DeltaNet kernel tests, bench_gdn, one batch
+#   bash scripts/gpu_check.sh --stage hybrid    # Qwen3.5's GPU path: DeltaNet kernel tests, decode graphs,
+#                                               # bench_gdn, one batch
 #   bash scripts/gpu_check.sh --stage tests     # gpu-marked tests, then the device-following suite on cuda
 #   bash scripts/gpu_check.sh --stage micro     # benchmark/gpu_micro_benchmarks.txt
 #   bash scripts/gpu_check.sh --stage serving   # benchmark/gpu_serving_benchmarks.txt, @stage=serving lines

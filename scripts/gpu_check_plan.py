@@ -48,8 +48,9 @@ FIRST_LIMIT = 520
 # `anchor`: the session's second call, once `first` passed: full-depth replicas (weights made on the GPU by
 # --load-format dummy) on the anchors' workloads, priority ordered, in one call of the same size.
 ANCHOR = "anchor"
-# `hybrid`: Qwen3.5's GPU path (issue 51): the Gated DeltaNet kernels' gpu tests and microbenchmark, and one
-# static batch on a 4-layer qwen3.5-4b replica made on the GPU (--load-format dummy)
+# `hybrid`: Qwen3.5's GPU path (issue 51): the Gated DeltaNet kernels' gpu tests, hybrid decode CUDA graphs
+# against eager, the kernels' microbenchmark, and one static batch on a 4-layer qwen3.5-4b replica made on
+# the GPU (--load-format dummy)
 HYBRID = "hybrid"
 BUILTIN_STAGES = (FIRST, ANCHOR, HYBRID)
 ALL_STAGES = BUILTIN_STAGES + STAGES + ("all",)
@@ -260,6 +261,12 @@ def hybrid_steps() -> list[Step]:
              pytest=True, outputs=("junit-hybrid-kernels.xml",),
              display="the Gated DeltaNet kernels in bf16 at Qwen3.5 shapes, and the decode step under CUDA-graph "
                      "capture against eager"),
+        Step("hybrid: decode graphs", 80,
+             '"$PYTHON" -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/junit-hybrid-graphs.xml" '
+             "test/unit/model_executor/test_hybrid_decode_graph.py",
+             pytest=True, outputs=("junit-hybrid-graphs.xml",),
+             display="qwen3.5-tiny decode through captured CUDA graphs (GDN state slots as graph inputs, padding "
+                     "to the pool's padding row) against eager: tokens and states, float32 then bf16"),
         Step("hybrid: bench_gdn", 120,
              '"$PYTHON" sgl-kernel/benchmark/bench_gdn.py --presets qwen3.5-4b,qwen3.5-27b --tps 1,8 '
              '--out "$RAW/hybrid-gdn.jsonl"',

@@ -10,13 +10,22 @@ Behind the rows sit `snapshot_slots` more states: copies the radix tree keeps at
 later request may resume from (`mem_cache/hybrid_prefix.py`). A snapshot slot is owned by exactly one
 of: the free list, a running request (captured, not yet given to the tree), or one tree node.
 
+With decode CUDA graphs (model_executor/cuda_graph_runner.py) one more slot follows the snapshots: the
+padding row (`padding_row`), which no request, snapshot or tree node ever owns (`alloc_snapshot` never
+hands it out, `free_snapshot` and `queue_copy` refuse it). A captured batch padded to its graph's size points its
+padding requests there, as the KV side writes their keys to slot 0; the kernels may let several padding
+requests race on it, so it holds garbage: finite (each write is a delta-rule / conv update of finite
+values), never read by a real request, never copied anywhere.
+
 Invariants:
 - a row's state is the state after the request's first `kv_len` tokens; a prefill that starts at
   position 0 begins from zeros (`states_for` resets those rows);
 - state copies the scheduler asks for (restore a snapshot into a row, keep a finished row as a
   snapshot) are queued and applied at the start of the next forward, on the forward thread, in the
   order they were asked: so they land between the steps exactly as the scheduler saw them, whatever
-  steps are still in flight when they are asked.
+  steps are still in flight when they are asked;
+- both are eager host-driven work: they run before a decode CUDA graph replays (the model runner applies
+  the queue first), never inside a captured region; a decode batch has no fresh rows to zero.
 """
 
 from __future__ import annotations
@@ -32,25 +41,34 @@ from sglang.srt.mem_cache.gdn_state import GDNRequestState, GDNStateShape
 class PoolStates(list):
     """`GDNStatePool.states_for`'s result: the batch's `GDNRequestState`s in batch order (a plain list to the
     per-request torch path), plus where they live, for the kernel path (layers/attention/fla/pooled.py):
-    `pool`, and `rows`, each request's pool row (= its request-table row), in batch order."""
+    `pool`, and `rows`, each request's pool row (= its request-table row), in batch order. `slots`: the
+    rows as a device tensor the kernels read instead (None: the batch's own `req_pool_indices`); a captured
+    decode batch passes its graph-stable buffer (`GDNStatePool.graph_states`)."""
 
-    def __init__(self, states: list[GDNRequestState], pool: "GDNStatePool", rows: Sequence[int]):
+    def __init__(self, states: list[GDNRequestState], pool: "GDNStatePool", rows: Sequence[int],
+                 slots: torch.Tensor | None = None):
         super().__init__(states)
         self.pool = pool
         self.rows = list(rows)
+        self.slots = slots
 
 
 class GDNStatePool:
-    def __init__(self, shape: GDNStateShape, rows: int, device: str | torch.device = "cpu", snapshot_slots: int = 0):
+    def __init__(self, shape: GDNStateShape, rows: int, device: str | torch.device = "cpu", snapshot_slots: int = 0,
+                 padding_row: bool = False):
         self.shape = shape
         self.rows = rows
         self.snapshot_slots = snapshot_slots
         self.device = torch.device(device)
         blank = shape.new_request(device)
         n = rows + snapshot_slots
+        # the slot after the snapshots: captured decode batches' padding requests (module docstring)
+        self.padding_row = n if padding_row else None
+        n += int(padding_row)
         self.conv = blank.conv.new_zeros((n, *blank.conv.shape))
         self.recurrent = blank.recurrent.new_zeros((n, *blank.recurrent.shape))
-        self._free_snapshots = list(range(n - 1, rows - 1, -1))  # pop() hands out the lowest first
+        # pop() hands out the lowest first; never the padding row
+        self._free_snapshots = list(range(rows + snapshot_slots - 1, rows - 1, -1))
         self._pending: list[tuple[int, int]] = []  # (src, dst) copies for the next forward
         self._lock = threading.Lock()
 
@@ -78,6 +96,8 @@ class GDNStatePool:
 
     def queue_copy(self, src: int, dst: int) -> None:
         """State slot `src` -> `dst`, applied before the next forward reads any state."""
+        if self.padding_row is not None and self.padding_row in (src, dst):  # garbage: never copied
+            raise RuntimeError(f"state slot {self.padding_row} is the padding row: no copy reads or writes it")
         with self._lock:
             self._pending.append((src, dst))
 
@@ -102,3 +122,13 @@ class GDNStatePool:
                 self.conv.index_fill_(0, idx, 0)
                 self.recurrent.index_fill_(0, idx, 0)
         return PoolStates([self.state(r) for r in rows], self, rows)
+
+    def graph_states(self, slots: torch.Tensor) -> PoolStates:
+        """A captured decode batch's states: `slots` (B,) is the graph runner's buffer, which holds each
+        request's row (copied in before every replay) and `padding_row` for the padding requests. Only the
+        kernel path runs under a graph and it reads nothing but the slots, so the per-request views are
+        placeholders (the padding row's); the queued copies are applied before replay, outside the graph."""
+        if self.padding_row is None:
+            raise RuntimeError("decode CUDA graphs over the state pool need its padding row (padding_row=True)")
+        n = slots.shape[0]
+        return PoolStates([self.state(self.padding_row)] * n, self, [self.padding_row] * n, slots)

@@ -8,6 +8,17 @@ Invariants:
   the captured kernels see fixed shapes; the attention backend must support this (`supports_cuda_graph`);
 - decode kernels are captured with the context length as their length hint, so their grid is fixed;
 - anything the graph cannot take (a larger batch, more slots than the buffer) runs eagerly.
+
+Hybrid models (Qwen3.5): the Gated DeltaNet layers' decode kernels address states in the state pool
+through a slot per request (layers/attention/fla/pooled.py), read from `gdn_slots`, one more static
+buffer: each step copies the batch's request rows in and points the padding requests at the pool's
+padding row (mem_cache/state_pool.py), which no request owns, so no real state changes for padding. The
+pool's queued copies are applied before replay, outside the graph (model_runner.py); a decode batch has
+no fresh rows to zero and never snapshot captures (those come only with EXTEND batches; `can_run`
+refuses one that carries any), so the captured step is one kernel round per layer. Only the kernel path
+is captured: the per-request torch path loops in Python over host lists (model_runner.py refuses it).
+
+`capture=False` (CPU tests) runs the same static-buffer forward eagerly at replay instead of a graph.
 """
 
 from __future__ import annotations
@@ -34,8 +45,9 @@ def capture_batch_sizes(max_bs: int, explicit: tuple[int, ...] | None = None) ->
 
 
 class CudaGraphRunner:
-    def __init__(self, model_runner, batch_sizes: list[int]):
+    def __init__(self, model_runner, batch_sizes: list[int], capture: bool = True):
         self.runner = model_runner
+        self.capture = capture
         self.batch_sizes = sorted(batch_sizes)
         self.max_bs = self.batch_sizes[-1]
         dev = model_runner.device
@@ -52,14 +64,21 @@ class CudaGraphRunner:
         # live requests hold at most the pool's tokens, plus one sink key per padding row
         self.kv_capacity = model_runner.max_total_num_tokens + bs
         self.kv_indices = torch.zeros(self.kv_capacity, **i64)
+        self.state_pool = getattr(model_runner, "state_pool", None)
+        self.gdn_slots = None
+        if self.state_pool is not None:  # hybrid: each request's state row, padding at the padding row
+            if self.state_pool.padding_row is None:
+                raise RuntimeError("decode CUDA graphs of a hybrid model need the state pool's padding row")
+            self.gdn_slots = torch.full((bs,), self.state_pool.padding_row, **i64)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, LogitsProcessorOutput] = {}
-        self._capture_all()
+        if capture:
+            self._capture_all()
 
     # ------------------------------------------------------------------ capture
     def _static_batch(self, bs: int) -> ForwardBatch:
         r = self.runner
-        return ForwardBatch(
+        fb = ForwardBatch(
             forward_mode=ForwardMode.DECODE, input_ids=self.input_ids[:bs], positions=self.positions[:, :bs],
             req_pool_indices=self.req_pool_indices[:bs], seq_lens=self.seq_lens[:bs],
             out_cache_loc=self.out_cache_loc[:bs], seq_lens_cpu=[1] * bs, qo_indptr=self.qo_indptr[: bs + 1],
@@ -68,6 +87,9 @@ class CudaGraphRunner:
             req_to_token_pool=r.req_to_token_pool, token_to_kv_pool=r.token_to_kv_pool,
             attn_backend=r.attn_backend, mm_embedder=r.mm_embedder,
         )
+        if self.gdn_slots is not None:  # the kernels read the static slot buffer, nothing per step
+            fb.gdn_states = self.state_pool.graph_states(self.gdn_slots[:bs])
+        return fb
 
     def _run_model(self, fb: ForwardBatch) -> LogitsProcessorOutput:
         self.runner.attn_backend.kv_indices = self.kv_indices
@@ -101,6 +123,8 @@ class CudaGraphRunner:
     def can_run(self, fb: ForwardBatch) -> bool:
         if not fb.forward_mode.is_decode() or fb.batch_size > self.max_bs or fb.stage_timings is not None:
             return False
+        if fb.gdn_captures:  # never in decode (module docstring); a captured step has no capture round
+            return False
         padded = self.batch_sizes[bisect.bisect_left(self.batch_sizes, fb.batch_size)]
         return sum(fb.seq_lens_cpu) + padded - fb.batch_size <= self.kv_capacity
 
@@ -126,5 +150,11 @@ class CudaGraphRunner:
         if padded > bs:  # the padding rows' one key is the sink, whatever their table row holds
             indices[total - (padded - bs):] = 0
         self.kv_indices[:total].copy_(indices)
+        if self.gdn_slots is not None:  # device to device: the batch's rows, then the padding row
+            self.gdn_slots[:bs].copy_(fb.req_pool_indices)
+            self.gdn_slots[bs:padded].fill_(self.state_pool.padding_row)
+        if not self.capture:  # CPU tests: the very forward the graph holds, run eagerly
+            out = self._run_model(self._static_batch(padded))
+            return LogitsProcessorOutput(next_token_logits=out.next_token_logits[:bs])
         self.graphs[padded].replay()
         return LogitsProcessorOutput(next_token_logits=self.outputs[padded].next_token_logits[:bs])

@@ -78,6 +78,10 @@ class ModelRunner:
         # a hybrid model's linear-attention layers keep a per-request state instead of KV
         self.kv_layers = kv_layer_ids(text)
         self.state_shape = self.model.gdn_state_shape() if hasattr(self.model, "gdn_state_shape") else None
+        # decode graphs over the state pool point padding requests at one extra row (state_pool.py): reserved
+        # whenever they are asked for and the model's GDN path can be captured (CPU tests run it uncaptured)
+        self.state_padding_row = (self.state_shape is not None and cfg.cuda_graph
+                                  and hybrid_graph_refusal(self.model, self.device) is None)
         bytes_per_token = 2 * len(self.kv_layers) * num_kv_heads * text.head_dim * self.kv_dtype.itemsize
         self.max_total_num_tokens = self._kv_budget(bytes_per_token)
         kv_scales = self._kv_scales(tp, text.num_hidden_layers) if self.kv_dtype != self.dtype else None
@@ -102,7 +106,8 @@ class ModelRunner:
         self.state_pool = None
         if self.state_shape is not None:
             snapshots = rows if cfg.max_mamba_cache_size is None else cfg.max_mamba_cache_size
-            self.state_pool = GDNStatePool(self.state_shape, rows, self.device, snapshots)
+            self.state_pool = GDNStatePool(self.state_shape, rows, self.device, snapshots,
+                                           padding_row=self.state_padding_row)
             logger.info("hybrid model: KV cache for %d of %d layers, %d bytes per token, %d tokens (%.1f MiB); "
                         "recurrent state for %d layers, %d bytes per request, %d rows + %d prefix-cache snapshots "
                         "(%.1f MiB)", len(self.kv_layers), text.num_hidden_layers, bytes_per_token,
@@ -124,8 +129,9 @@ class ModelRunner:
         cfg = self.cfg
         if not cfg.cuda_graph or self.device.type != "cuda":
             return None
-        if self.state_pool is not None:
-            logger.info("decode CUDA graphs do not cover recurrent-state layers yet; running decode eagerly")
+        why = hybrid_graph_refusal(self.model, self.device)
+        if why is not None:
+            logger.info("%s; running decode eagerly", why)
             return None
         if not getattr(self.attn_backend, "supports_cuda_graph", False):
             logger.info("decode CUDA graphs need --attention-backend triton; running decode eagerly")
@@ -189,7 +195,8 @@ class ModelRunner:
             rows = self.cfg.max_running_requests or derive_max_running_requests(
                 int(total * self.cfg.mem_fraction_static) // bytes_per_token, self.context_length) + 1
             snapshots = rows if self.cfg.max_mamba_cache_size is None else self.cfg.max_mamba_cache_size
-            reserved[STATE_POOL] = (rows + snapshots) * self.state_shape.bytes_per_request()
+            slots = rows + snapshots + int(self.state_padding_row)
+            reserved[STATE_POOL] = slots * self.state_shape.bytes_per_request()
         tokens, budget = kv_budget_tokens(total, free, self.cfg.mem_fraction_static, sum(reserved.values()),
                                           bytes_per_token)
         if reserved:
@@ -211,18 +218,43 @@ class ModelRunner:
         forward_batch.attn_backend = self.attn_backend
         forward_batch.mm_embedder = self.mm_embedder
         self.req_to_token_pool.apply_pending()
+        graphed = self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch)
         if self.state_pool is not None:
-            pool = self.state_pool
-            forward_batch.gdn_states = pool.states_for(
-                forward_batch.req_pool_indices_cpu,
-                forward_batch.extend_prefix_lens_cpu if forward_batch.forward_mode.is_extend() else None)
-            if forward_batch.gdn_captures:
-                forward_batch.gdn_capture_states = [[(at, pool.state(slot)) for at, slot in caps]
-                                                    for caps in forward_batch.gdn_captures]
-        if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
+            self._bind_states(forward_batch, graphed)
+        if graphed:
             return self.cuda_graph_runner.replay(forward_batch)
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    def _bind_states(self, forward_batch, graphed: bool) -> None:
+        """The state pool's side of a forward, all before the model runs (and outside any graph): the queued
+        copies, then fresh rows zeroed and the batch's states handed over (eager), or nothing more (a
+        replayed graph reads its own slot buffer, cuda_graph_runner.py)."""
+        pool, extend = self.state_pool, forward_batch.forward_mode.is_extend()
+        if forward_batch.gdn_captures and not extend:  # the decode kernels (and graphs) carry no capture
+            raise RuntimeError("state snapshot captures in a decode batch: captures come only with EXTEND batches")
+        if graphed:
+            pool.apply_pending()
+            return
+        forward_batch.gdn_states = pool.states_for(forward_batch.req_pool_indices_cpu,
+                                                   forward_batch.extend_prefix_lens_cpu if extend else None)
+        if forward_batch.gdn_captures:
+            forward_batch.gdn_capture_states = [[(at, pool.state(slot)) for at, slot in caps]
+                                                for caps in forward_batch.gdn_captures]
+
+
+def hybrid_graph_refusal(model, device: torch.device) -> str | None:
+    """Why decode CUDA graphs cannot cover this model's recurrent-state layers on `device`, or None (no such
+    layers, or they take the Gated DeltaNet kernels, whose decode reads only device slots). The per-request
+    torch path (SGLANG_GDN_BACKEND=torch, or auto without the kernels) loops over host lists: refused."""
+    if not hasattr(model, "gdn_state_shape"):
+        return None
+    uses = getattr(model, "gdn_uses_kernels", None)
+    if uses is not None and uses(device):
+        return None
+    return ("decode CUDA graphs cover recurrent-state layers only on the Gated DeltaNet kernels "
+            "(SGLANG_GDN_BACKEND=triton, or auto with triton and sgl_kernel on CUDA); this model takes the "
+            "per-request torch path")
 
 
 def kv_layer_ids(text) -> tuple[int, ...]:

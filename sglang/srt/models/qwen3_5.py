@@ -16,6 +16,8 @@ the same standalone (test/unit/models/qwen3_5_driver.py). Two paths (SGLANG_GDN_
 the model is built): the per-request torch path over those states, or sgl_kernel's Triton kernels, one
 batched call per op, addressing the states in the pool by the batch's request-table rows
 (`kernel_batch`, layers/attention/fla/pooled.py; snapshot captures from `forward_batch.gdn_captures`).
+Only the kernel path can be captured in a decode CUDA graph (`gdn_uses_kernels`): a decode step's plan
+reads nothing but device tensors (the slots, graph-stable under a graph: `PoolStates.slots`).
 The KV pool holds only the full-attention layers: each takes its rank among them as its KV layer id.
 
 Checkpoints carry a multi-token-prediction head (`mtp.*`); it is skipped at load (speculative decoding
@@ -155,8 +157,13 @@ def kernel_batch(backend: str, states, seq_lens: list[int], forward_batch, devic
                                "from a GDNStatePool (GDNStatePool.states_for); these states are not in a pool")
         return None
     rows = states.rows
-    # the pool row of a request is its request-table row: the batch already holds them on the device
-    slots = forward_batch.req_pool_indices if rows == forward_batch.req_pool_indices_cpu else None
+    # a captured decode batch's graph-stable slot buffer (padding rows at the pool's padding row); else the
+    # pool row of a request is its request-table row, which the batch already holds on the device
+    slots = states.slots
+    if slots is None and rows == forward_batch.req_pool_indices_cpu:
+        slots = forward_batch.req_pool_indices
+    # snapshot captures come only with EXTEND batches (schedule_batch passes none to decode; the model runner
+    # refuses a decode batch carrying some): a decode plan is one round without captures, host-free
     captures = forward_batch.gdn_captures if forward_batch.forward_mode.is_extend() else None
     return plan_kernel_batch(pool.conv, pool.recurrent, rows, seq_lens, captures, slots, forward_batch.qo_indptr)
 
@@ -227,6 +234,11 @@ class Qwen3_5ForConditionalGeneration(QwenVLForConditionalGenerationBase):
     def gdn_state_shape(self) -> GDNStateShape:
         """One request's linear-attention state on this rank (what a state pool allocates per slot)."""
         return self.model.gdn_state_shape()
+
+    def gdn_uses_kernels(self, device: torch.device) -> bool:
+        """Whether forwards on `device` take the Gated DeltaNet kernels (SGLANG_GDN_BACKEND, fla/pooled.py):
+        only they read states through device slots, so only they can be captured in a decode CUDA graph."""
+        return uses_kernels(self.model.gdn_backend, device)
 
     def skip_checkpoint_name(self, name: str) -> bool:
         if name.startswith(MTP_PREFIX):

@@ -338,7 +338,7 @@ def test_stage_hybrid_fits_and_names_only_paths_and_flags_that_exist(tmp_path):
     assert planned == sum(budgets) <= FIRST_CALL_LIMIT_S and files == len(outputs) <= JOB_FILE_LIMIT
     plan = plan_mod.build_plan("hybrid")
     for step in plan.steps[2:]:
-        for path in re.findall(r"(?:^|\s)((?:sgl-kernel|benchmark)/[\w/.-]+)", step.command):
+        for path in re.findall(r"(?:^|\s)((?:sgl-kernel|benchmark|test)/[\w/.-]+)", step.command):
             assert (REPO / path).exists(), f"{step.name}: {path}"
     bench = (REPO / "sgl-kernel/benchmark/bench_gdn.py").read_text()
     assert all(f'"{flag}"' in bench for flag in ("--presets", "--tps", "--out"))

@@ -28,6 +28,13 @@ c + 1 rounds (a prompt usually has one: a page before its end).
 
 `plan_kernel_batch` builds every round's index tensors once per forward on the host and moves them in one
 copy; every linear-attention layer reuses them (`GDNKernelBatch.layer(j)`).
+
+Decode CUDA graphs (model_executor/cuda_graph_runner.py). A decode plan given the device `slots` and
+`qo_indptr` creates no tensor and reads no device value: each layer is then the two decode launches over
+the pool's views and those tensors, so the whole step can be captured. Under a graph the slots are the
+runner's static buffer (real rows copied in before each replay, padding requests at the pool's padding
+row, state_pool.py). Captures never reach a decode plan (they come only with EXTEND batches), so a
+captured step has exactly one round and no snapshot copy.
 """
 
 from __future__ import annotations
