@@ -27,6 +27,10 @@ TEXT = {  # preset: (q heads, kv heads, head_dim)
     "qwen3-vl-8b": (32, 8, 128),
     "qwen2.5-vl-3b": (16, 2, 128),
     "qwen2.5-vl-7b": (28, 4, 128),
+    # Qwen3.5's full-attention layers (every fourth layer; the DeltaNet layers are GDN below): head_dim 256, as
+    # the engine's presets (sglang/testing/presets.py) and the released 4B config (16 q / 4 kv heads, head_dim 256)
+    "qwen3.5-4b": (16, 4, 256),
+    "qwen3.5-35b-a3b": (16, 2, 256),
 }
 VISION = {  # preset: (heads, head_dim, longest segment of a 960x1280 image, windowed layers' longest)
     "qwen3-vl-2b": (16, 64, 4800, None),

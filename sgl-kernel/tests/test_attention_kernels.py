@@ -146,7 +146,7 @@ BF16_TOL = dict(rtol=2e-2, atol=2e-2)
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("d", [64, 72, 80, 128])
+@pytest.mark.parametrize("d", [64, 72, 80, 128, 256])  # 256: Qwen3.5's full-attention layers
 @pytest.mark.parametrize("page", [1, 16])
 def test_cuda_bf16_extend_and_varlen(d, page):
     args = extend_case([0, 300, 1, 129], [200, 77, 1, 128], 8, 4, d, page, seed=d, dtype=torch.bfloat16,
@@ -157,6 +157,16 @@ def test_cuda_bf16_extend_and_varlen(d, page):
     vargs = varlen_case([256, 0, 1, 1000, 64], 16, 1, d, seed=d, dtype=torch.bfloat16, device="cuda")
     torch.testing.assert_close(varlen_attention_fwd(*vargs).float(), varlen_attention_torch(*vargs).float(),
                                **BF16_TOL)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_float32_extend_at_head_dim_256():
+    """The float32 tiles at head_dim 256 take 16-key blocks (32 spill on sm_90a); tf32 dots, so tf32 tolerance."""
+    args = extend_case([0, 300, 1], [200, 77, 129], 4, 4, 256, 16, seed=256, device="cuda")
+    got = extend_attention_fwd(*args)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, extend_attention_torch(*args), **BF16_TOL)
 
 
 @pytest.mark.gpu

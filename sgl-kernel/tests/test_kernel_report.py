@@ -100,6 +100,8 @@ def report_rows():
     import torch
 
     cases = mod.build_cases(["extend", "decode", "varlen"], ["qwen3-vl-4b", "qwen3-vl-8b", "qwen2.5-vl-3b"], [torch.bfloat16])
+    # Qwen3.5's full-attention layers: head_dim 256, in the serving dtype and in float32 (tf32 tiles twice the bytes)
+    cases += mod.build_cases(["extend", "decode"], ["qwen3.5-4b"], [torch.bfloat16, torch.float32])
     rows = mod.report(cases, "sm_90a", progress=False)
     if any(r.registers is None for r in rows):
         pytest.skip("no bundled ptxas accepts the PTX this triton emits")
@@ -113,6 +115,13 @@ def test_report_covers_every_kernel_and_shape(report_rows):
     # --kv-cache-dtype fp8_e4m3: the decode and extend kernels over an e4m3 pool are rows too
     assert {r.case.split()[0] for r in report_rows if r.case.endswith("kv-fp8")} == {"extend", "decode"}
     assert all(r.shared_bytes >= 0 and r.registers > 0 for r in report_rows)
+
+
+def test_head_dim_256_rows_cover_both_dtypes_in_one_block(report_rows):
+    rows = [r for r in report_rows if r.head_dim == 256]
+    assert {(r.case.split()[0], r.dtype) for r in rows} == {(k, d) for k in ("extend", "decode") for d in ("bf16", "fp32")}
+    assert all("BLOCK_D=256" in r.note for r in rows)  # one power-of-two block, no padded remainder
+    assert all("BLOCK_DT=0" in r.note for r in rows if r.case.startswith("extend"))
 
 
 def test_vision_heads_of_72_and_80_are_not_padded_to_128(report_rows):

@@ -163,7 +163,9 @@ def _blocks(head_dim: int, is_cuda: bool, max_q_len: int, elem_size: int = 2) ->
     if not is_cuda:
         return 16, 16, block_d, {}
     if block_d > 128:
-        return 64, 32, block_d, dict(num_warps=8, num_stages=1)
+        # head_dim 256 (Qwen3.5's full attention): float32 (tf32) tiles of 32 keys spill (464 bytes a thread on
+        # sm_90a, triton 3.6); 16-key tiles keep wgmma with 0 spills. bf16 fits 32 keys without spilling.
+        return 64, 32 if elem_size <= 2 else 16, block_d, dict(num_warps=8, num_stages=1)
     if max_q_len <= 64:
         return 64, 64, block_d, dict(num_warps=4, num_stages=3 if block_d <= 64 else 2)
     if block_d <= 64 and elem_size <= 2:
