@@ -1,8 +1,8 @@
 """--mm-enable-dp-encoder: the balanced split of images over the ranks (patch counts, 0 and 1 items), and
 at TP=2 over gloo the data-parallel encoder (whole tower per rank, images dealt out, embeddings gathered
-back) gives the same per-image features as the TP-sharded tower and the single-rank model, on both
-models, for no image, one image (one rank encodes nothing and still joins the gather), several images of
-different sizes and a video. The engine-level TP=2 == TP=1 runs are in test_tensor_parallel.py."""
+back) gives the same per-image features as the TP-sharded tower and the single-rank model, on Qwen3-VL,
+Qwen2.5-VL and Qwen3.5 (the Qwen3-VL tower without deepstack), for no image, one image (one rank encodes
+nothing and still joins the gather), several images of different sizes and a video. The engine-level TP=2 == TP=1 runs are in test_tensor_parallel.py."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang.srt.server_args_checks import log_ignored_flags  # noqa: E402
 from sglang.srt.utils.network import pick_unused_port  # noqa: E402
 
-PRESETS = {"qwen3": "qwen3-vl-tiny", "qwen2_5": "qwen2.5-vl-tiny"}
+PRESETS = {"qwen3": "qwen3-vl-tiny", "qwen2_5": "qwen2.5-vl-tiny", "qwen3_5": "qwen3.5-tiny"}
 SIZE = 2
 CASES = [
     ([], 0),  # text only: no image, no collective

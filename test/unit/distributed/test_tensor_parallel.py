@@ -1,5 +1,6 @@
-"""TP=2 over gloo on CPU (Qwen3-VL, Qwen3-VL-MoE, Qwen2.5-VL): same greedy tokens as TP=1 (float32), each rank holding 1/2 of the
-sharded weights, for text and multi-image prompts, with and without chunked prefill."""
+"""TP=2 over gloo on CPU (Qwen3-VL, Qwen3-VL-MoE, Qwen2.5-VL; Qwen3.5 with --mm-enable-dp-encoder): same
+greedy tokens as TP=1 (float32), each rank holding 1/2 of the sharded weights, for text and multi-image
+prompts, with and without chunked prefill."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "managers"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "models"))  # qwen3_5_driver: the Qwen3.5 test inputs
 from scheduler_utils import InProcessScheduler  # noqa: E402
 from tp_worker_main import gate_up_rows, run_rank  # noqa: E402
 
@@ -36,12 +38,22 @@ def _text(n, seed):
     return torch.randint(0, 1500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _requests(patch: int):
+def _processor(patch: int, preset: str = ""):
+    """(processor, image placeholder ids) of the preset's family, with tight pixel limits."""
+    if preset.startswith("qwen3.5"):  # Qwen3-VL's placement rules with Qwen3.5's special ids
+        from qwen3_5_driver import PLACEHOLDER as QWEN3_5_PLACEHOLDER, tiny_processor
+
+        return tiny_processor(), QWEN3_5_PLACEHOLDER
     factor = patch * 2
-    proc = QwenVLProcessor(None, QwenVLImageProcessor(patch_size=patch, min_pixels=4 * factor**2, max_pixels=48 * factor**2))
+    return QwenVLProcessor(None, QwenVLImageProcessor(patch_size=patch, min_pixels=4 * factor**2,
+                                                      max_pixels=48 * factor**2)), PLACEHOLDER
+
+
+def _requests(patch: int, preset: str = ""):
+    proc, ph = _processor(patch, preset)
     prompts = [
         (_text(14, 1), None),
-        proc.process(_text(4, 2) + PLACEHOLDER + _text(3, 3) + PLACEHOLDER + _text(5, 4), [_noise(96, 64, 1), _noise(40, 130, 2)]),
+        proc.process(_text(4, 2) + ph + _text(3, 3) + ph + _text(5, 4), [_noise(96, 64, 1), _noise(40, 130, 2)]),
     ]
     return [
         TokenizedGenerateReqInput(f"q{i}", ids, SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True), mm)
@@ -73,14 +85,17 @@ def _run_tp(args_kw, requests, size=2):
 @pytest.mark.parametrize(
     "preset,patch,chunk,transport",
     [("qwen3-vl-tiny", 16, -1, "cpu"), ("qwen3-vl-tiny", 16, 7, "cpu"), ("qwen2.5-vl-tiny", 14, 9, "cpu"),
-     ("qwen3-vl-tiny", 16, 7, "shm"), ("qwen3-vl-moe-tiny", 16, -1, "cpu"), ("qwen3-vl-moe-tiny", 16, 7, "cpu")],
-    # MoE: each expert's intermediate dim split (gate_up column-, down row-parallel), the router replicated
-    ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked", "qwen3_vl_shm", "qwen3_vl_moe", "qwen3_vl_moe_chunked"],
+     ("qwen3-vl-tiny", 16, 7, "shm"), ("qwen3-vl-moe-tiny", 16, -1, "cpu"), ("qwen3-vl-moe-tiny", 16, 7, "cpu"),
+     ("qwen3.5-tiny", 16, 7, "shm")],
+    # MoE: each expert's intermediate dim split (gate_up column-, down row-parallel), the router replicated;
+    # Qwen3.5: the DeltaNet heads and their states split, pixels through shared memory (SGLANG_MM_SHM_TRANSPORT)
+    ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked", "qwen3_vl_shm", "qwen3_vl_moe", "qwen3_vl_moe_chunked",
+         "qwen3_5_chunked_shm"],
 )
 def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk, transport):
     path = str(tiny_model_dir(preset))
     kw = dict(model_path=path, dtype="float32", device="cpu", max_total_tokens=4096, chunked_prefill_size=chunk)
-    requests = _requests(patch)
+    requests = _requests(patch, preset)
     shm_names = []
     if transport == "shm":  # the ranks receive pointers; pixels stay in /dev/shm until mapped
         import copy
@@ -97,7 +112,8 @@ def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk, transport):
         single.sched.process_input_requests([r])
         single.outputs[r.rid] = []
     single.run_until_idle()
-    full = single.sched.worker.model_runner.model.model.layers[0]
+    layers = single.sched.worker.model_runner.model.model.layers
+    full, attn = layers[0], next(lay for lay in layers if hasattr(lay, "self_attn"))  # hybrid: a full-attention one
 
     results = _run_tp(dict(kw, tp_size=2), tp_requests)
     if shm_names:
@@ -106,7 +122,7 @@ def test_tp2_matches_tp1(tiny_model_dir, preset, patch, chunk, transport):
     assert outputs == {r.rid: single.outputs[r.rid] for r in requests}
     for rank, (_, info) in results.items():
         assert info["gate_up_rows"] * 2 == gate_up_rows(full)
-        assert info["qkv_rows"] * 2 == full.self_attn.qkv_proj.weight.shape[0]
+        assert info["qkv_rows"] * 2 == attn.self_attn.qkv_proj.weight.shape[0]
         vis = single.sched.worker.model_runner.model.visual.blocks[0].attn.qkv.weight.shape[0]
         assert info["vision_qkv_rows"] * 2 == vis
         assert info["embed_rows"] * 2 >= single.sched.worker.model_runner.model.model.embed_tokens.weight.shape[0]
@@ -134,18 +150,18 @@ def test_tp2_overlapped_matches_step_by_step_tp1(tiny_model_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("preset,patch,chunk", [("qwen3-vl-tiny", 16, -1), ("qwen3-vl-tiny", 16, 7),
-                                                ("qwen2.5-vl-tiny", 14, 9)],
-                         ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked"])
+                                                ("qwen2.5-vl-tiny", 14, 9), ("qwen3.5-tiny", 16, 7)],
+                         ids=["qwen3_vl", "qwen3_vl_chunked", "qwen2_5_vl_chunked", "qwen3_5_chunked"])
 def test_tp2_dp_encoder_matches_tp1(tiny_model_dir, preset, patch, chunk):
     """--mm-enable-dp-encoder: whole vision tower on each rank, images split over the ranks; the same greedy
     tokens as TP=1 for text only, several images of different sizes and a one-image request, with and without
-    chunked prefill (the per-image ViT cache on). One image alone per call (a rank with nothing to encode):
+    chunked prefill (the per-image ViT cache on; on Qwen3.5 the DeltaNet heads and their states split over the
+    ranks, snapshots at the images' ends). One image alone per call (a rank with nothing to encode):
     test_dp_encoder.py."""
     path = str(tiny_model_dir(preset))
-    requests = _requests(patch)
-    factor = patch * 2
-    proc = QwenVLProcessor(None, QwenVLImageProcessor(patch_size=patch, min_pixels=4 * factor**2, max_pixels=48 * factor**2))
-    ids, mm = proc.process(_text(5, 7) + PLACEHOLDER + _text(4, 8), [_noise(64, 64, 3)])
+    requests = _requests(patch, preset)
+    proc, ph = _processor(patch, preset)
+    ids, mm = proc.process(_text(5, 7) + ph + _text(4, 8), [_noise(64, 64, 3)])
     requests.append(TokenizedGenerateReqInput("q_one", ids, SamplingParams(max_new_tokens=6, temperature=0.0,
                                                                            ignore_eos=True), mm))
     single = InProcessScheduler(path, max_total_tokens=4096, chunked_prefill_size=chunk)

@@ -58,9 +58,10 @@ def run_rank(rank: int, size: int, port: int, args_kw: dict, requests: list, res
                 broadcast_ms[rid] = meta["tp_broadcast_ms"]
     runner = sched.worker.model_runner
     layer = runner.model.model.layers[0]
+    attn = next(lay for lay in runner.model.model.layers if hasattr(lay, "self_attn"))  # hybrid: a full-attention one
     shard_info = {
         "gate_up_rows": gate_up_rows(layer),
-        "qkv_rows": layer.self_attn.qkv_proj.weight.shape[0],
+        "qkv_rows": attn.self_attn.qkv_proj.weight.shape[0],
         "vision_qkv_rows": runner.model.visual.blocks[0].attn.qkv.weight.shape[0],
         "embed_rows": runner.model.model.embed_tokens.weight.shape[0],
         "free_after": sched.kv.available_tokens(),

@@ -176,10 +176,21 @@ def prompt(kind: str, proc, seed: int = 0):
 
 
 def ref_kwargs(ids: list[int], mm) -> dict:
-    """transformers' forward inputs for a prompt of our processor's ids and images."""
+    """transformers' forward inputs for a prompt of our processor's ids, images and videos (float32 pixel
+    values: the baseline processor's items)."""
+    from sglang.srt.multimodal.mm_types import Modality
+
     t = torch.tensor([ids])
     kw = {"input_ids": t, "mm_token_type_ids": (t == IMAGE_PAD).long()}
-    if mm is not None and mm.mm_items:
-        kw["pixel_values"] = torch.cat([torch.as_tensor(it.feature) for it in mm.mm_items])
-        kw["image_grid_thw"] = torch.tensor([list(it.image_grid_thw) for it in mm.mm_items])
+    items = mm.mm_items if mm is not None else []
+    for it in items:  # a video's tokens by its spans: a generated token may be VIDEO_PAD and is text
+        if it.modality == Modality.VIDEO:
+            for a, b in it.offsets:
+                kw["mm_token_type_ids"][0, a:b] = 2
+    for key, modality in (("", Modality.IMAGE), ("_videos", Modality.VIDEO)):
+        mine = [it for it in items if it.modality == modality]
+        if mine:
+            kw["pixel_values" + key] = torch.cat([torch.as_tensor(it.feature) for it in mine])
+            kw[("image" if modality == Modality.IMAGE else "video") + "_grid_thw"] = torch.tensor(
+                [list(it.image_grid_thw) for it in mine])
     return kw

@@ -25,7 +25,7 @@ def _items(row: int) -> list:
                                image_grid_thw=(t, h, w)) for t, h, w in GRIDS]
 
 
-@pytest.mark.parametrize("preset", ["qwen3-vl-tiny", "qwen2.5-vl-tiny"])
+@pytest.mark.parametrize("preset", ["qwen3-vl-tiny", "qwen2.5-vl-tiny", "qwen3.5-tiny"])
 def test_dp_encoder_runs_only_this_ranks_share(tiny_model_dir, monkeypatch, preset):
     path = str(tiny_model_dir(preset))
     single = get_model(path, "float32")

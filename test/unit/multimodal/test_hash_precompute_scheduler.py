@@ -1,7 +1,7 @@
-"""mm-hash-precompute through the scheduler: requests hashed by the tokenizer (switch 1) and requests
-hashed in the scheduler loop (switch 0, the baseline) get the same tokens, the same prefix-cache hits
-(cached_tokens) and the same vision-encoder work (vit_encoded_images); the `hash` stage is timed
-once, where the hashing happened."""
+"""mm-hash-precompute through the scheduler, on Qwen3-VL and Qwen3.5: requests hashed by the tokenizer
+(switch 1) and requests hashed in the scheduler loop (switch 0, the baseline) get the same tokens, the same
+prefix-cache hits (cached_tokens) and the same vision-encoder work (vit_encoded_images); the `hash` stage
+is timed once, where the hashing happened."""
 
 from __future__ import annotations
 
@@ -18,23 +18,21 @@ from scheduler_utils import InProcessScheduler  # noqa: E402
 from sglang.srt.multimodal.hashing import configured_hash_algo, precompute_item_hashes  # noqa: E402
 from sglang.srt.multimodal.processors.qwen_vl import QwenVLProcessor  # noqa: E402
 
-PLACEHOLDER = [151652, 151655, 151653]
-
-
 def _img(seed, w=64, h=64):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_model_dir):
-    path = str(tiny_model_dir("qwen3-vl-tiny"))
-    return path, QwenVLProcessor.from_pretrained(path)
+# Qwen3.5: the hybrid DeltaNet decoder, whose prefix hits resume from state snapshots at the images' ends
+@pytest.fixture(scope="module", params=["qwen3-vl-tiny", "qwen3.5-tiny"])
+def setup(request, tiny_model_dir):
+    path = str(tiny_model_dir(request.param))
+    return path, QwenVLProcessor.from_pretrained(path)  # the checkpoint's special ids
 
 
 def _prompt(proc, seeds, precompute: bool):
     ids = [100, 101, 102]
     for k in range(len(seeds)):
-        ids += PLACEHOLDER + [200 + k]
+        ids += [proc.vision_start_token_id, proc.image_token_id, proc.vision_end_token_id, 200 + k]
     ids, mm = proc.process(ids, [_img(s, 64 + 32 * (s % 2), 64) for s in seeds])
     if precompute:  # what RequestBuilder.build does in the tokenizer process
         precompute_item_hashes(mm, configured_hash_algo())
