@@ -39,7 +39,7 @@ from sglang.srt.configs.vit_strategy import ViTStrategy
 from sglang.srt.distributed.parallel_state import SINGLE_RANK, TPInfo
 from sglang.srt.layers.checkpoint_tensor import materialize, tensor_name
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe import Fp8FusedMoE, Fp8MoEMethod, FusedMoE, expert_params_mapping, select_experts
+from sglang.srt.layers.moe import FusedMoE, build_experts, expert_params_mapping, select_experts
 from sglang.srt.models.qwen2 import Qwen2MLP
 from sglang.srt.models.qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5ForConditionalGeneration, Qwen3_5TextModel
 
@@ -113,7 +113,8 @@ class Qwen3_5MoeSparseBlock(nn.Module):
         super().__init__()
         self.top_k = moe.num_experts_per_tok
         self.gate = ReplicatedLinear(hidden_size, moe.num_experts, bias=False, dtype=dtype)
-        self.experts = _experts(hidden_size, moe, tp, dtype, quant, f"{prefix}.experts")
+        self.experts = build_experts(Qwen3_5MoeExperts, moe.num_experts, hidden_size, moe.moe_intermediate_size, tp, dtype, quant,
+                                     f"{prefix}.experts")
         self.shared_expert = Qwen2MLP(hidden_size, moe.shared_expert_intermediate_size, bias=False, tp=tp, dtype=dtype,
                                       quant=quant, prefix=f"{prefix}.shared_expert")
         self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False, dtype=dtype)
@@ -123,19 +124,6 @@ class Qwen3_5MoeSparseBlock(nn.Module):
         # transformers casts the routing weights to the activations' dtype before scaling
         routed = self.experts(x, weights.to(x.dtype), ids)
         return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-
-
-def _experts(hidden_size: int, moe: MoEConfig, tp: TPInfo, dtype, quant, prefix: str) -> FusedMoE:
-    """Float experts, -FP8 checkpoint experts (one e4m3 linear per expert), or float experts quantized
-    after loading (--quantization fp8); experts a checkpoint lists in modules_to_not_convert stay float."""
-    e, i = moe.num_experts, moe.moe_intermediate_size
-    if quant is None or quant.method_for(prefix) is None:
-        return Qwen3_5MoeExperts(e, hidden_size, i, tp, dtype)
-    if quant.serialized:
-        return Fp8FusedMoE(e, hidden_size, i, tp, dtype, quant.block)
-    experts = Qwen3_5MoeExperts(e, hidden_size, i, tp, dtype)
-    experts.quant_method = Fp8MoEMethod(quant.block)
-    return experts
 
 
 class Qwen3_5MoeDecoderLayer(Qwen3_5DecoderLayer):

@@ -148,13 +148,19 @@ def test_startup_refuses_tp_sizes_that_cut_column_groups_and_bad_formats_in_one_
     assert startup_problem({}, "fp8", 8) is None  # online: blocks of each rank's own weight
 
 
-def test_qwen3_5_and_qwen3_5_moe_fp8_start_and_qwen3_vl_moe_online_fp8_is_refused():
-    from sglang.srt.layers.quantization import MOE_ONLINE_FP8, startup_problem
+def test_every_model_type_starts_in_fp8_both_ways():
+    """The -FP8 layout and --quantization fp8, dense and MoE (Qwen3.5-MoE's and Qwen3-VL-MoE's experts are
+    quantized after loading); the -FP8 layout's TP split is still checked."""
+    from sglang.srt.layers.quantization import startup_problem
 
     text = {"num_attention_heads": 16, "head_dim": 256, "intermediate_size": 9216}
     moe = {**text, "num_experts": 8}
     assert startup_problem({"model_type": "qwen3_5_moe", "quantization_config": RELEASE, "text_config": moe}, None, 1) is None
     assert startup_problem({"model_type": "qwen3_5_moe", "text_config": moe}, "fp8", 1) is None
-    assert startup_problem({"model_type": "qwen3_vl_moe", "text_config": moe}, "fp8", 1) == MOE_ONLINE_FP8
-    assert startup_problem({"model_type": "qwen3_5", "quantization_config": RELEASE, "text_config": text}, None, 1) is None
-    assert startup_problem({"model_type": "qwen3_5", "text_config": text}, "fp8", 1) is None
+    for model_type, config in (("qwen3_vl_moe", moe), ("qwen3_5", text), ("qwen3_vl", text)):
+        assert startup_problem({"model_type": model_type, "quantization_config": RELEASE, "text_config": config}, None, 1) is None
+        assert startup_problem({"model_type": model_type, "text_config": config}, "fp8", 8) is None
+    odd = {**moe, "moe_intermediate_size": 520}  # 65 columns a rank at TP 8: the -FP8 layout is refused, online is not
+    problem = startup_problem({"model_type": "qwen3_vl_moe", "quantization_config": RELEASE, "text_config": odd}, None, 8)
+    assert problem is not None and "the experts' down_proj's 520 input features" in problem
+    assert startup_problem({"model_type": "qwen3_vl_moe", "text_config": odd}, "fp8", 8) is None

@@ -58,6 +58,7 @@ def test_the_checkpoint_stores_each_expert_as_the_releases_do(fp8_moe):
     assert "model.language_model.layers.0.mlp.gate.weight" in names  # the router stays unquantized
     experts = sb.runner.model.model.layers[0].mlp.experts
     assert type(experts).__name__ == "Fp8FusedMoE" and experts.gate_up_proj.dtype == torch.float8_e4m3fn
+    assert experts.quant_method is None  # stored e4m3: nothing to quantize after loading (unlike --quantization fp8)
     assert experts.block13 == (16, 16) and experts.block2 == (16, 16)
 
 

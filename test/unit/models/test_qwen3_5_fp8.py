@@ -83,8 +83,8 @@ def test_online_fp8_keeps_the_decay_projections_and_tracks_the_float_model(tiny_
 
 def test_fp8_moe_starts_and_the_shared_experts_tp_split_is_checked():
     """Qwen3.5-MoE starts in FP8 (the -FP8 layout and --quantization fp8); at TP the shared expert's down_proj
-    columns are checked like the experts'; Qwen3-VL-MoE's online FP8 is still refused (its layer has no online path)."""
-    from sglang.srt.layers.quantization import MOE_ONLINE_FP8, startup_problem
+    columns are checked like the experts'; Qwen3-VL-MoE's --quantization fp8 starts too."""
+    from sglang.srt.layers.quantization import startup_problem
 
     release = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     moe = {"num_attention_heads": 16, "head_dim": 256, "num_experts": 256, "moe_intermediate_size": 512,
@@ -94,4 +94,4 @@ def test_fp8_moe_starts_and_the_shared_experts_tp_split_is_checked():
     odd = {**moe, "shared_expert_intermediate_size": 520}  # 65 columns a rank at TP 8
     problem = startup_problem({"model_type": "qwen3_5_moe", "quantization_config": release, "text_config": odd}, None, 8)
     assert problem is not None and "the shared expert's down_proj's 520 input features" in problem
-    assert startup_problem({"model_type": "qwen3_vl_moe", "text_config": moe}, "fp8", 1) == MOE_ONLINE_FP8
+    assert startup_problem({"model_type": "qwen3_vl_moe", "text_config": moe}, "fp8", 8) is None

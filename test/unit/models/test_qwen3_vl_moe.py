@@ -59,15 +59,26 @@ def test_tokens_spread_over_experts(tiny_model_dir):
     assert (counts > 0).sum() >= 6, counts.tolist()
 
 
-def test_online_quantization_is_refused_before_start_up_and_in_the_model():
-    """--quantization fp8 quantizes dense linears only; -FP8 checkpoints (test_fp8_moe.py) load."""
+def test_each_quantization_builds_its_experts():
+    """--quantization fp8: float experts quantized after loading (Fp8MoEMethod; served in test_qwen3_vl_moe_fp8.py);
+    a -FP8 checkpoint: Fp8FusedMoE (test_fp8_moe.py); experts it names in modules_to_not_convert stay float."""
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.layers.quantization import QuantizationError, quantization_config, startup_problem
-    from sglang.srt.models.qwen3_vl_moe import Qwen3VLMoeForConditionalGeneration
+    from sglang.srt.layers.moe import Fp8FusedMoE, Fp8MoEMethod, FusedMoE
+    from sglang.srt.layers.quantization import quantization_config, startup_problem
+    from sglang.srt.models.qwen3_vl_moe import Qwen3MoeSparseMoeBlock, Qwen3VLMoeForConditionalGeneration
     from sglang.testing.hf_configs import build_config_dict
 
+    def experts(raw, flag):
+        with torch.device("meta"):
+            model = Qwen3VLMoeForConditionalGeneration(ModelConfig.from_dict(raw), quant=quantization_config(raw, flag))
+        return [(type(l.mlp.experts), type(l.mlp.experts.quant_method)) for l in model.model.layers
+                if isinstance(l.mlp, Qwen3MoeSparseMoeBlock)]
+
     raw = build_config_dict("qwen3-vl-moe-tiny")
-    assert "not MoE experts" in startup_problem(raw, "fp8", 1)
-    assert startup_problem(raw, None, 2) is None
-    with pytest.raises(QuantizationError, match="not MoE experts"), torch.device("meta"):
-        Qwen3VLMoeForConditionalGeneration(ModelConfig.from_dict(raw), quant=quantization_config(raw, "fp8"))
+    assert startup_problem(raw, "fp8", 1) is None
+    assert experts(raw, "fp8") == [(FusedMoE, Fp8MoEMethod)] * 3
+    assert experts(raw, None) == [(FusedMoE, type(None))] * 3
+    raw["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128],
+                                  "modules_to_not_convert": ["model.language_model.layers.1.mlp.experts"]}
+    assert experts(raw, "fp8") == [(Fp8FusedMoE, type(None)), (FusedMoE, type(None)), (Fp8FusedMoE, type(None))]

@@ -182,3 +182,18 @@ class Fp8MoEMethod:
 
     def apply(self, layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor, local_ids: torch.Tensor):
         return fp8_experts_product(layer, x, topk_weights, local_ids)
+
+
+def build_experts(cls: type[FusedMoE], num_experts: int, hidden_size: int, intermediate_size: int, tp, dtype,
+                  quant, prefix: str) -> FusedMoE:
+    """A MoE block's experts: float `cls` (a FusedMoE with the model's checkpoint layout), a -FP8 checkpoint's
+    (one e4m3 linear per expert: Fp8FusedMoE), or float `cls` quantized after loading (--quantization fp8:
+    Fp8MoEMethod). `quant`: the model's Fp8Config or None; experts whose `prefix` (`model.layers.N.mlp.experts`)
+    a checkpoint lists in modules_to_not_convert stay float."""
+    if quant is None or quant.method_for(prefix) is None:
+        return cls(num_experts, hidden_size, intermediate_size, tp, dtype)
+    if quant.serialized:
+        return Fp8FusedMoE(num_experts, hidden_size, intermediate_size, tp, dtype, quant.block)
+    experts = cls(num_experts, hidden_size, intermediate_size, tp, dtype)
+    experts.quant_method = Fp8MoEMethod(quant.block)
+    return experts

@@ -44,27 +44,19 @@ def quantization_config(raw: dict[str, Any], flag: str | None = None) -> Fp8Conf
     return Fp8Config.online()
 
 
-MOE_ONLINE_FP8 = ("--quantization fp8 quantizes dense linears at load, not MoE experts: serve the -FP8 checkpoint "
-                  "of this Qwen3-VL-MoE model (block-FP8 experts), or the bf16 one without --quantization")
-
-# MoE model types whose float experts --quantization fp8 quantizes after loading (layers/moe Fp8MoEMethod);
-# the others' are refused with MOE_ONLINE_FP8
-ONLINE_FP8_MOE_MODEL_TYPES = ("qwen3_5_moe",)
-
-
 def startup_problem(raw: dict[str, Any], flag: str | None, tp_size: int, ep_size: int = 1) -> str | None:
     """One line saying why this model cannot start quantized at this TP size, or None. Runs in the main
-    process before any scheduler is spawned, from config.json alone."""
+    process before any scheduler is spawned, from config.json alone. `--quantization fp8` of a float
+    checkpoint refuses no TP size (each rank quantizes blocks of its own shard), MoE experts included
+    (layers/moe/fp8_moe.py Fp8MoEMethod: Qwen3-VL-MoE and Qwen3.5-MoE)."""
     try:
         config = quantization_config(raw, flag)
     except QuantizationError as e:
         return str(e)
-    text = raw.get("text_config", raw)
-    moe = bool(text.get("num_experts") or text.get("num_local_experts"))
-    if config is not None and moe and not config.serialized and raw.get("model_type") not in ONLINE_FP8_MOE_MODEL_TYPES:
-        return MOE_ONLINE_FP8
     if config is None or not config.serialized or tp_size == 1:
         return None
+    text = raw.get("text_config", raw)
+    moe = bool(text.get("num_experts") or text.get("num_local_experts"))
     heads, head_dim = text.get("num_attention_heads", 0), text.get("head_dim") or 0
     # (name, input features, ranks they are split over): the experts' down_proj over the tp/ep ranks of a group
     inputs = [("o_proj", heads * head_dim, tp_size), ("down_proj", text.get("intermediate_size", 0), tp_size),
@@ -86,4 +78,4 @@ def linear_method(config: Fp8Config | None, prefix: str, parts: tuple[str, ...] 
     return None if config is None else config.method_for(prefix, parts)
 
 
-__all__ = ["MOE_ONLINE_FP8", "ONLINE_FP8_MOE_MODEL_TYPES", "linear_method", "startup_problem", "QUANTIZATION_CHOICES", "Fp8Config", "Fp8LinearMethod", "QuantizationError", "quantization_config"]
+__all__ = ["linear_method", "startup_problem", "QUANTIZATION_CHOICES", "Fp8Config", "Fp8LinearMethod", "QuantizationError", "quantization_config"]
