@@ -196,9 +196,9 @@ def test_real_widths_at_tp8_sum_to_one_rank_and_track_float():
     rank's slice of every weight and scale is in its place; with FP8 activations, and with --quantization fp8
     (blocks of each rank's own slice), the sum tracks the float product (bounds: MAX_REL_REAL_WIDTHS)."""
     from sgl_kernel.moe.fp8 import dequantized_linear, fused_experts_fp8
-    from sgl_kernel.quantization import dequantize_block_fp8, quantize_weight_block_fp8
+    from moe_fp8_utils import fp8_rank, per_expert_fp8
     from sglang.srt.distributed.parallel_state import TPInfo
-    from sglang.srt.layers.moe import Fp8FusedMoE, Fp8MoEMethod, expert_params_mapping, fused_experts, select_experts
+    from sglang.srt.layers.moe import Fp8MoEMethod, fused_experts, select_experts
     from sglang.srt.models.qwen3_5_moe import Qwen3_5MoeExperts
 
     e, h, i, tp = 8, 2048, 512, 8
@@ -206,20 +206,7 @@ def test_real_widths_at_tp8_sum_to_one_rank_and_track_float():
     gate_up, down = torch.randn(e, 2 * i, h, generator=g) * 0.02, torch.randn(e, h, i, generator=g) * 0.02
     x = torch.randn(16, h, generator=g)
     weights, ids = select_experts(torch.randn(16, e, generator=g), 8, True)
-    floats = {sid: w for x_ in range(e) for sid, w in (((x_, 0), gate_up[x_, :i]), ((x_, 1), gate_up[x_, i:]),
-                                                        ((x_, None), down[x_]))}
-    stored = {sid: quantize_weight_block_fp8(w, (128, 128)) for sid, w in floats.items()}
-    deq = {sid: dequantize_block_fp8(q, s, (128, 128)) for sid, (q, s) in stored.items()}
-    deq_gate_up = torch.stack([torch.cat([deq[x_, 0], deq[x_, 1]]) for x_ in range(e)])
-    deq_down = torch.stack([deq[x_, None] for x_ in range(e)])
-
-    def fp8_rank(r):
-        m = Fp8FusedMoE(e, h, i, TPInfo(r, tp), block=(128, 128))
-        for fused, _, sid in expert_params_mapping(e):
-            name = fused.rsplit(".", 1)[-1]
-            getattr(m, name).weight_loader(getattr(m, name), stored[sid][0], sid)
-            getattr(m, f"{name}_scale_inv").weight_loader(getattr(m, f"{name}_scale_inv"), stored[sid][1], sid)
-        return m
+    stored, deq_gate_up, deq_down = per_expert_fp8(gate_up, down)
 
     def online_rank(r):
         m = Qwen3_5MoeExperts(e, h, i, TPInfo(r, tp), torch.float32)
@@ -233,7 +220,7 @@ def test_real_widths_at_tp8_sum_to_one_rank_and_track_float():
         return fused_experts_fp8(x, m.gate_up_proj, m.gate_up_proj_scale_inv, m.down_proj, m.down_proj_scale_inv,
                                  weights, ids, m.block13, m.block2, linear=linear)
 
-    ranks = [fp8_rank(r) for r in range(tp)]
+    ranks = [fp8_rank(stored, e, h, i, TPInfo(r, tp)) for r in range(tp)]
     assert ranks[1].block13 == (64, 128) and ranks[1].block2 == (128, 64) and ranks[2].block2 == (128, 128)
     exact = sum(product(m, dequantized_linear) for m in ranks)
     assert rel_err(exact, fused_experts(x, deq_gate_up, deq_down, weights, ids)) < 1e-5

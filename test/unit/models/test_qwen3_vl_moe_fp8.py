@@ -162,9 +162,10 @@ def test_real_widths_tp_and_ep_ranks_sum_to_the_float_product():
     each rank's own slice (96 rows: 32-row gate_up groups; 96 down columns in one partial 128-column group;
     at TP 8 / EP 2, 2 experts and 192 rows of each a rank); the sum tracks the float product."""
     from sgl_kernel.moe.fp8 import dequantized_linear, fused_experts_fp8
-    from sgl_kernel.quantization import dequantize_block_fp8, quantize_weight_block_fp8
+    from moe_fp8_utils import fp8_rank, per_expert_fp8
+    from sgl_kernel.quantization import dequantize_block_fp8
     from sglang.srt.distributed.parallel_state import TPInfo
-    from sglang.srt.layers.moe import Fp8FusedMoE, Fp8MoEMethod, FusedMoE, expert_params_mapping, fused_experts, select_experts
+    from sglang.srt.layers.moe import Fp8MoEMethod, FusedMoE, fused_experts, select_experts
 
     e, h, i, tp = 4, 2048, 768, 8
     g = torch.Generator().manual_seed(11)
@@ -203,23 +204,10 @@ def test_real_widths_tp_and_ep_ranks_sum_to_the_float_product():
         figures[ep] = rel_err(sum(product(m) for m in ranks), want)
         assert figures[ep] < MAX_REL_REAL_WIDTHS, figures
 
-    floats = {sid: w for x_ in range(e) for sid, w in (((x_, 0), gate_up[x_, :i]), ((x_, 1), gate_up[x_, i:]),
-                                                        ((x_, None), down[x_]))}
-    stored = {sid: quantize_weight_block_fp8(w, (128, 128)) for sid, w in floats.items()}
-    deq = {sid: dequantize_block_fp8(q, s, (128, 128)) for sid, (q, s) in stored.items()}
-
-    def fp8_rank(r):
-        m = Fp8FusedMoE(e, h, i, TPInfo(r, tp), block=(128, 128))
-        for fused, _, sid in expert_params_mapping(e):
-            name = fused.rsplit(".", 1)[-1]
-            getattr(m, name).weight_loader(getattr(m, name), stored[sid][0], sid)
-            getattr(m, f"{name}_scale_inv").weight_loader(getattr(m, f"{name}_scale_inv"), stored[sid][1], sid)
-        return m
-
-    ranks = [fp8_rank(r) for r in range(tp)]
+    stored, deq_gate_up, deq_down = per_expert_fp8(gate_up, down)
+    ranks = [fp8_rank(stored, e, h, i, TPInfo(r, tp)) for r in range(tp)]
     assert ranks[1].block2 == (128, 32) and ranks[4].block2 == (128, 128)
     exact = sum(product(m, dequantized_linear) for m in ranks)
-    deq_gate_up = torch.stack([torch.cat([deq[x_, 0], deq[x_, 1]]) for x_ in range(e)])
-    assert rel_err(exact, fused_experts(x, deq_gate_up, torch.stack([deq[x_, None] for x_ in range(e)]), weights, ids)) < 1e-5
+    assert rel_err(exact, fused_experts(x, deq_gate_up, deq_down, weights, ids)) < 1e-5
     print(f"real widths: max rel error vs float {figures[1]:.4f} (TP 8), {figures[2]:.4f} (TP 8 / EP 2), "
           f"{rel_err(sum(product(m) for m in ranks), want):.4f} (-FP8 at TP 8)")
