@@ -289,7 +289,9 @@ class RequestBuilder:
         """(expanded ids, the request's MultimodalInputs or None, the segment names its workers wrote)."""
         with self.stage_timer.measure(timings, "processor"):
             images = list(req.images)  # URLs are fetched by the image loader, once per URL in flight
-            videos = list(self.media_pool.map(self._fetch_video_if_url, req.videos)) if req.videos else []
+            # with preprocessing workers a video URL is the worker's job (multimodal/video_job.py fetches it)
+            fetch = self._fetch_video_if_url if self.mm_pool is None else (lambda src: src)
+            videos = list(self.media_pool.map(fetch, req.videos)) if req.videos else []
             extra = {"image_config": req.image_config} if req.image_config is not None else {}
             if videos or req.video_config is not None:
                 extra.update(videos=videos, video_config=req.video_config, fetcher=self.fetcher)

@@ -6,7 +6,8 @@
   URL in concurrent requests is fetched once); every other encoded source (bytes, base64, data URL, an
   allowed local file) is read to its bytes and keyed by their length and digest, so the same picture sent
   as base64 by one client and as a data URL by another is one image. A PIL image has no encoded form and
-  no key: it is processed on its own, as before. With workers (SGLANG_MM_DATA_URL_TEXT_KEY, default on) a
+  no key: it is processed on its own, as before (with workers: its RGB handed to one in shared memory,
+  `pil_handoff.py`). With workers (SGLANG_MM_DATA_URL_TEXT_KEY, default on) a
   data URL is keyed by its base64 text instead and decoded in the worker: the base64 decode was ~11% of the
   tokenizer process's CPU per chat (docs/optimizations/mm-frontend.md); the price is that one picture sent
   as a data URL and as raw bytes by concurrent requests is processed twice. SGLANG_MM_SINGLE_FLIGHT=0: no
@@ -42,6 +43,7 @@ from typing import Any, Hashable
 
 import numpy as np
 import torch
+from PIL import Image
 
 from sglang.srt.multimodal.hashing import content_digest, item_hash
 from sglang.srt.multimodal.image_io import ImageLoadError, load_image_bytes
@@ -110,6 +112,8 @@ class SharedImageLoader:
         remote = self.remote
         if remote is not None and isinstance(source, (bytes, str)):  # encoded bytes or a URL: a worker's job
             return self.flight.run(key, lambda: remote.load_image(source, cfg), split=remote.share)
+        if remote is not None and isinstance(source, Image.Image):  # its RGB handed off in shm (pil_handoff.py)
+            return self.flight.run(key, lambda: self._load_pil_remote(source, cfg), split=remote.share)
         prefix = self.spill_prefix
         if prefix is not None:
             return self.flight.run(key, lambda: spill_pixels(self._load(source, cfg), prefix),
@@ -127,6 +131,12 @@ class SharedImageLoader:
         with self._lock:
             dup = self.duplicates
         return {"mm_images_processed": self.flight.leaders, "mm_images_shared": self.flight.joined + dup}
+
+    def _load_pil_remote(self, image, cfg):
+        try:
+            return self.remote.load_pil(image, cfg, self.processor.max_image_pixels)
+        except ShmSpaceError:  # /dev/shm cannot take its RGB: processed here, as without workers
+            return self._load(image, cfg)
 
     def _load(self, source: Any, cfg):
         return load_processed_image(self.processor, self.fetcher, source, cfg, self.hash_algo)

@@ -1,14 +1,18 @@
-"""One image preprocessing worker process (`sglang-mmproc{k}`), spawned by `mm_worker_pool.MMProcessorPool`.
+"""One media preprocessing worker process (`sglang-mmproc{k}`), spawned by `mm_worker_pool.MMProcessorPool`.
 
 It builds its own tokenizer and processor from the server's `ProcessorSpec`, then serves jobs from its parent
 over a private pipe, on `io_threads` threads: fetch (a URL), decode, preprocess, hash, and write the pixels
-into a new shared-memory segment named `<prefix><job id>_<random>`. Only the metadata goes back (the
-`ProcessedImage` with a `ShmPointerMMData` for its pixels; an `EncodedImage` with deferred JPEG decode);
+into a new shared-memory segment named `<prefix><job id>_<random>`; an image job (`image_flight.
+load_processed_image`) or a video job (`video_job.load_processed_video`: the sampled frames decoded, resized,
+normalized and patchified). Only the metadata goes back (the `ProcessedImage` or `ProcessedVideo` with a
+`ShmPointerMMData` for its pixels; an `EncodedImage` with deferred JPEG decode);
 the segment's name belongs to the parent from then on. When /dev/shm is full the pixels go back inline, as
 the in-process path then sends them inline too.
 
 Messages (pickled by `multiprocessing.Connection`, between this process and the parent that spawned it):
-  parent -> worker  (job id, "image", source: bytes or URL, image config or None); None: stop
+  parent -> worker  (job id, "image" | "video", source: bytes or a string (URL, data URL, base64, local path),
+                    the request's image / video config or None); (job id, "pixels", the ShmPointerMMData of
+                    a PIL image's RGB written by the parent, image config or None); None: stop
   worker -> parent  ("ready", pid) | ("error", text) at start-up;
                     ("done", job id, result, decode counts or None) | ("fail", job id, kind, text, counts or None),
                     kind "value" for a problem with the request's media (a 400), "internal" otherwise (a 500)
@@ -44,20 +48,24 @@ class _Jobs:
         if self.processor is None:
             raise ValueError(f"model {spec.model_path} has no multimodal processor")
 
-    def image(self, job_id: int, source: Any, cfg):
-        import numpy as np
-        import torch
-
+    def run(self, job_id: int, kind: str, source: Any, cfg):
+        """The job's result (a `ProcessedImage` or `ProcessedVideo`), its pixels in a new segment named
+        `<prefix><job id>_...` (the parent unlinks by that prefix the segments of a job it fails)."""
         from sglang.srt.multimodal.image_flight import load_processed_image
-        from sglang.srt.multimodal.transport.shm import ShmSpaceError, write_segment
 
-        pim = load_processed_image(self.processor, self.spec.fetcher, source, cfg, self.hash_algo)
-        if isinstance(pim.pixel_values, np.ndarray):
-            try:
-                pim.pixel_values = write_segment(torch.from_numpy(pim.pixel_values), f"{self.prefix}{job_id}_")
-            except ShmSpaceError:  # a full /dev/shm: the pixels travel inline, as the in-process path sends them
-                pass
-        return pim
+        if kind == "image":
+            out = load_processed_image(self.processor, self.spec.fetcher, source, cfg, self.hash_algo)
+        elif kind == "pixels":  # a PIL image's RGB in the caller's segment (pil_handoff.py): read, never written
+            from sglang.srt.multimodal.pil_handoff import from_segment
+
+            out = load_processed_image(self.processor, None, from_segment(source), cfg, self.hash_algo)
+        elif kind == "video":
+            from sglang.srt.multimodal.video_job import load_processed_video
+
+            out = load_processed_video(self.processor, self.spec.fetcher, source, cfg, self.hash_algo)
+        else:
+            raise RuntimeError(f"unknown job kind {kind!r}")
+        return _to_segment(out, f"{self.prefix}{job_id}_")
 
     def decode_counts(self) -> dict[str, int] | None:
         if not self.spec.deferred_jpeg:
@@ -65,6 +73,26 @@ class _Jobs:
         from sglang.srt.multimodal import deferred_decode
 
         return deferred_decode.stats()
+
+
+def _to_segment(result, prefix: str):
+    """`result` with its pixel array (numpy for an image, a tensor for a video) in a new segment; kept inline
+    when /dev/shm is full, as the in-process path then sends it inline too, or when there is none (a
+    deferred JPEG)."""
+    import numpy as np
+    import torch
+
+    from sglang.srt.multimodal.transport.shm import ShmSpaceError, write_segment
+
+    pv = result.pixel_values
+    if isinstance(pv, np.ndarray):
+        pv = torch.from_numpy(pv)
+    if isinstance(pv, torch.Tensor):
+        try:
+            result.pixel_values = write_segment(pv, prefix)
+        except ShmSpaceError:
+            pass
+    return result
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -76,10 +104,8 @@ def _exit_with_parent(parent_pid: int) -> None:
 def _run_job(jobs: _Jobs, msg, results, send_lock: threading.Lock) -> None:
     job_id, kind, source, cfg = msg
     try:
-        if kind != "image":
-            raise RuntimeError(f"unknown job kind {kind!r}")
-        reply = ("done", job_id, jobs.image(job_id, source, cfg), jobs.decode_counts())
-    except ValueError as e:  # ImageLoadError, MediaFetchError, SmartResizeError: the request's media
+        reply = ("done", job_id, jobs.run(job_id, kind, source, cfg), jobs.decode_counts())
+    except ValueError as e:  # Image/VideoLoadError, MediaFetchError, SmartResizeError, MultimodalInputError: a 400
         reply = ("fail", job_id, "value", str(e), jobs.decode_counts())
     except BaseException as e:  # noqa: BLE001  reported to the parent, which fails only this job
         logger.exception("job %d failed", job_id)

@@ -1,10 +1,11 @@
-"""Image preprocessing in worker processes (`--mm-processor-worker-num N`): the parent side.
+"""Image and video preprocessing in worker processes (`--mm-processor-worker-num N`): the parent side.
 
 `MMProcessorPool` spawns N processes `sglang-mmproc{k}` (`mm_worker.py`), each with its own tokenizer and
-processor copy, and hands them one image at a time: `load_image(source, cfg)` sends the encoded bytes (or
-the URL) and the request's image config over the worker's private pipe, and blocks its caller (a request
-builder thread, never the event loop) until the worker answers. The answer is the `ProcessedImage` with its
-pixels in a shared-memory segment the worker wrote (`ShmPointerMMData`): no pixel array crosses the pipe.
+processor copy, and hands them one image or video at a time: `load_image(source, cfg)` / `load_video(source,
+cfg)` sends the encoded bytes (or the URL, data URL, local path) and the request's image or video config over
+the worker's private pipe, and blocks its caller (a request builder thread, never the event loop) until the
+worker answers. The answer is the `ProcessedImage` / `ProcessedVideo` with its pixels in a shared-memory
+segment the worker wrote (`ShmPointerMMData`): no pixel array crosses the pipe.
 The segment's name is owned by the caller from then on, exactly once; `share` gives every other request of
 a single flight a hard link of its own.
 
@@ -46,7 +47,7 @@ class MMWorkerError(RuntimeError):
 
 
 class RemoteMediaError(ValueError):
-    """A worker could not use the request's image (fetch, decode, size): the request's 400."""
+    """A worker could not use the request's image or video (fetch, decode, size, limits): the request's 400."""
 
 
 class _Slot:
@@ -150,10 +151,34 @@ class MMProcessorPool:
     def load_image(self, source: bytes | str, cfg=None):
         """The `ProcessedImage` of `source` (encoded bytes or an http(s) URL) under `cfg` (None: the server's
         image config), preprocessed by a worker; its pixels in a segment now owned by the caller."""
+        return self._run("image", source, cfg)
+
+    def load_video(self, source: bytes | str, cfg=None):
+        """The `ProcessedVideo` of `source` (an encoded file as bytes, or a string: http(s) URL, data URL,
+        base64, allowed local path) under `cfg` (None: the server's video config): fetched, its sampled frames
+        decoded, resized and patchified by a worker (`video_job.py`); its pixels in a segment now owned by the
+        caller. Failures are the in-process path's: the video's problem a `RemoteMediaError` with its message."""
+        return self._run("video", source, cfg)
+
+    def load_pil(self, image, cfg=None, max_image_pixels: int | None = None):
+        """The `ProcessedImage` of a PIL image (`sglang.Engine`): its RGB pixels written here into a segment of
+        the caller's (`pil_handoff.to_segment`: the in-process checks and conversion, the same 400s; never a
+        pickle of the image), preprocessed by a worker, and that segment unlinked once the worker has answered
+        or died. Raises ShmSpaceError when /dev/shm cannot take the RGB (the caller processes it itself)."""
+        from sglang.srt.multimodal.pil_handoff import to_segment
+
+        ptr = to_segment(image, max_image_pixels, f"{self.shm_prefix}in")
+        try:
+            return self._run("pixels", ptr, cfg)
+        finally:
+            unlink_segments([ptr.name])
+
+    def _run(self, kind: str, source: Any, cfg):
+        """Sends one job to a worker and blocks its caller (a request thread) until the worker answers."""
         slot, conn, job_id, fut = self._assign()
         try:
             with slot.send_lock:
-                conn.send((job_id, "image", source, cfg))
+                conn.send((job_id, kind, source, cfg))
         except OSError:
             pass  # the worker is gone: its death fails this job (it is registered in the worker's jobs)
         except BaseException:
@@ -315,7 +340,7 @@ class MMProcessorPool:
         was_ready = slot.ready
         reason = (f"image preprocessing worker {slot.name} (pid {slot.pid}) died "
                   f"({'killed by signal ' + str(-code) if code is not None and code < 0 else f'exit code {code}'})")
-        failed = self._retire(slot, MMWorkerError(f"{reason} while preprocessing this request's images; "
+        failed = self._retire(slot, MMWorkerError(f"{reason} while preprocessing this request's media; "
                                                   "it is being restarted"))
         with self._cond:
             if self._closing:

@@ -348,7 +348,9 @@ class QwenVLVideoProcessor:
 class ProcessedVideo:
     """One video ready for the prompt and the vision tower."""
 
-    pixel_values: torch.Tensor  # (t*h*w, 3*T*P*P) float32, or (F, H, W, 3) uint8 frames when `norm` is set
+    # (t*h*w, 3*T*P*P) float32, or (F, H, W, 3) uint8 frames when `norm` is set; from a preprocessing worker, a
+    # ShmPointerMMData to that tensor in a segment the caller owns
+    pixel_values: Any
     grid_thw: tuple[int, int, int]
     timestamps: list[float]  # seconds of each temporal patch (Qwen3-VL's prompt text)
     second_per_grid_t: float  # Qwen2.5-VL's M-RoPE time step
@@ -358,6 +360,7 @@ class ProcessedVideo:
     # what the pixels are a pure function of: the file's digest and the whole config (None: frames given)
     source_key: str | None = None
     norm: PixelNorm | None = None  # SGLANG_MM_UINT8_PIXELS: how the uint8 frames become pixel values
+    hash: int | None = None  # the item hash, when computed where the video was processed (a worker)
 
 
 def load_and_process_video(source: Any, cfg: QwenVLVideoProcessor, *, allowed_local_media_path: str | None = None,
@@ -425,12 +428,19 @@ def expand_video(pv: ProcessedVideo, out_ids: list[int], merge: int, video_token
     else:
         offsets.append((len(out_ids), len(out_ids) + t * per_group))
         out_ids.extend([video_token_id] * (t * per_group))
+    return video_item(pv, offsets, merge)
+
+
+def video_item(pv: ProcessedVideo, offsets: list, merge: int) -> MultimodalDataItem:
+    """The item of one processed video: the one form `hashing.item_hash` reads (a worker hashes this, the
+    in-process path the item it sends; both must be the same fields)."""
+    t, gh, gw = pv.grid_thw
     return MultimodalDataItem(modality=Modality.VIDEO, feature=pv.pixel_values, image_grid_thw=(int(t), int(gh), int(gw)),
                               offsets=offsets, spatial_merge_size=merge,
                               model_specific_data={"second_per_grid_t": pv.second_per_grid_t, "num_frames": pv.num_frames,
                                                    "decode_ms": pv.decode_ms, "preprocess_ms": pv.preprocess_ms,
                                                    **({"source_key": pv.source_key} if pv.source_key else {})},
-                              pixel_norm=pv.norm)
+                              pixel_norm=pv.norm, hash=pv.hash)
 
 
-__all__ = ["ProcessedVideo", "expand_video", "request_media_configs", "QwenVLVideoProcessor", "load_and_process_video", "REQUEST_VIDEO_KEYS", "UNKNOWN_FPS", "family_of", "qwen3_video_smart_resize"]
+__all__ = ["ProcessedVideo", "expand_video", "request_media_configs", "QwenVLVideoProcessor", "load_and_process_video", "REQUEST_VIDEO_KEYS", "UNKNOWN_FPS", "family_of", "qwen3_video_smart_resize", "video_item"]

@@ -40,6 +40,7 @@ from sglang.srt.multimodal.processors.base import (
     MultimodalInputError,
 )
 from sglang.srt.multimodal.transport.shm import ShmPointerMMData, unlink_segments
+from sglang.srt.multimodal.video_job import is_worker_video
 from sglang.srt.multimodal.processors.image_options import apply_server_overrides, request_image_config
 from sglang.srt.multimodal.processors.qwen_video import (
     ProcessedVideo,
@@ -339,6 +340,9 @@ class QwenVLProcessor(BaseMultimodalProcessor):
                 if self.image_loader is not None:  # shared with concurrent requests carrying the same image
                     return self.image_loader.load(key, src, image_config)
                 return self.load_and_process_image(src, image_config)
+            remote = getattr(self.image_loader, "remote", None)  # --mm-processor-worker-num: the worker pool
+            if remote is not None and is_worker_video(src):  # an encoded file: decoded in a worker (video_job.py)
+                return remote.load_video(src, video_config)
             cfg = video_config or self.video_processor
             return load_and_process_video(src, cfg, allowed_local_media_path=self.allowed_local_media_path,
                                           limits=self.video_limits, fetcher=fetcher, uint8=self.uint8_pixels)
