@@ -38,7 +38,8 @@
 # process the step left behind is killed before the next one starts. A failed step does not stop the
 # next ones, except install (nothing could work without it); the exit status is non-zero when a
 # counted step failed. pip never resolves dependencies or reaches an index here, and torch is pinned
-# to the image's own build. Plan, list format and budgets: scripts/gpu_check_plan.py.
+# to the image's own build. Plan, list format and budgets: scripts/gpu_check_plan.py; the built-in
+# stages' steps (first, anchor, hybrid, tests): scripts/gpu_check_stages.py.
 set -u
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -35,3 +35,22 @@ def tiny_model_dir(tmp_path_factory):
         return built[preset]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tiny_model_dir) -> dict[str, Path]:
+    """Every tiny preset of PRESETS (seed 0), read-only to the tests: the make_model tests' fixture. (It lives
+    here, not in a conftest.py of their folder: a second module named `conftest` would shadow test/e2e's, which
+    the e2e tests import by that name.)"""
+    from sglang.testing.presets import TINY_PRESETS
+
+    return {name: tiny_model_dir(name) for name in TINY_PRESETS}
+
+
+@pytest.fixture
+def quiet_transformers():
+    """transformers' warnings and progress bars off, for tests that load its models (`pytestmark`)."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    yield

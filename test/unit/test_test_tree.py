@@ -17,3 +17,11 @@ def test_test_module_basenames_are_unique():
                 seen[path.name].append(str(path.relative_to(ROOT)))
     dupes = {name: paths for name, paths in seen.items() if len(paths) > 1 and name != "conftest.py"}
     assert not dupes, dupes
+
+
+def test_only_the_root_and_e2e_have_a_conftest():
+    """test/e2e's tests import helpers with `from conftest import ...`, which resolves to whichever module named
+    `conftest` was imported last: a conftest.py in any other folder of test/ shadows it mid-session (it broke
+    13 e2e tests once). Shared fixtures go in test/conftest.py, helpers in a uniquely named module."""
+    found = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "test").rglob("conftest.py"))
+    assert found == ["test/conftest.py", "test/e2e/conftest.py"], found
