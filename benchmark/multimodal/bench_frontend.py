@@ -142,15 +142,6 @@ async def burst(tm, urls: list[str], concurrency: int, bar, sched: StubScheduler
     return latencies
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _worker_pids(tm) -> list[int]:
     pool = tm.builder.mm_pool
     return [w["pid"] for w in pool.stats()["workers"]] if pool is not None else []
@@ -158,6 +149,7 @@ def _worker_pids(tm) -> list[int]:
 
 def run_mode(model: str, mode: str, warm: list[str], urls: list[str], concurrency: int, workers: int = 0) -> dict:
     from sglang.benchmark.progress import progress_bar
+    from sglang.srt.utils.process_tree import cpu_seconds
 
     tm = make_manager(model, compact=mode == "compact", workers=workers)
     sched = StubScheduler()
@@ -169,11 +161,11 @@ def run_mode(model: str, mode: str, warm: list[str], urls: list[str], concurrenc
         before_stats = tm.builder.image_loader.stats()
         bar = progress_bar(total=len(images), desc=f"{mode} ({workers} workers)")
         pids = _worker_pids(tm)
-        wcpu0 = [_cpu_s(p) for p in pids]
+        wcpu0 = [cpu_seconds(p) for p in pids]
         cpu0, ru0, wall0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         latencies = asyncio.run(burst(tm, images, concurrency, bar, sched))
         cpu, wall, ru1 = time.process_time() - cpu0, time.perf_counter() - wall0, resource.getrusage(resource.RUSAGE_SELF)
-        wcpu = [round(_cpu_s(p) - c, 3) for p, c in zip(pids, wcpu0)]
+        wcpu = [round(cpu_seconds(p) - c, 3) for p, c in zip(pids, wcpu0)]
         bar.close()
         after_stats = tm.builder.image_loader.stats()
     finally:

@@ -39,14 +39,6 @@ def model_copy(path: str) -> str:
     return out
 
 
-def _cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _chat(url: str):
     from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -87,6 +79,7 @@ def measure(model: str, workers: int, requests: int, media: str, width: int, hei
 
     from sglang.srt.managers.request_builder import RequestBuilder
     from sglang.srt.multimodal.transport.shm import unlink_segments
+    from sglang.srt.utils.process_tree import cpu_seconds
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.utils.network import pick_unused_port
 
@@ -103,12 +96,12 @@ def measure(model: str, workers: int, requests: int, media: str, width: int, hei
 
         first = build(0)  # warm: the worker's first job, the template
         pids = [w["pid"] for w in b.mm_pool.stats()["workers"]] if b.mm_pool is not None else []
-        w0 = [_cpu_s(p) for p in pids]
+        w0 = [cpu_seconds(p) for p in pids]
         t0, c0 = time.perf_counter(), time.process_time()
         for i in range(1, requests + 1):
             build(i)
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-        wcpu = [_cpu_s(p) - c for p, c in zip(pids, w0)]
+        wcpu = [cpu_seconds(p) - c for p, c in zip(pids, w0)]
         unlink_segments(names)
         item = first.mm_inputs.mm_items[0]
         return {"workers": workers, "requests": requests, "main_cpu_ms_per_request": cpu / requests * 1e3,

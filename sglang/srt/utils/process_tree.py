@@ -54,6 +54,14 @@ def child_pids(pid: int) -> dict[int, str]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds `pid` has used so far (0 when it is gone)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def memory_status(pid: int) -> dict[str, int]:
     """The resident-memory lines of /proc/<pid>/status in bytes: VmRSS (everything resident) and its parts
     RssAnon (private heap: what a leak grows), RssFile (mapped files: shared libraries page in as new

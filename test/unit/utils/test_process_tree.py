@@ -6,7 +6,15 @@ import os
 import subprocess
 import sys
 
-from sglang.srt.utils.process_tree import child_pids, memory_status, ppid_map, process_tree, rss_bytes, tree_rss_bytes
+from sglang.srt.utils.process_tree import (
+    child_pids,
+    cpu_seconds,
+    memory_status,
+    ppid_map,
+    process_tree,
+    rss_bytes,
+    tree_rss_bytes,
+)
 
 
 def test_tree_finds_children_and_grandchildren_and_sums_their_memory():
@@ -80,3 +88,27 @@ def test_a_vanished_process_counts_as_nothing():
     assert memory_status(2**22 + 12345) == {}
     assert rss_bytes(2**22 + 12345) == 0
     assert process_tree(2**22 + 12345) == [2**22 + 12345]
+    assert cpu_seconds(2**22 + 12345) == 0.0
+
+
+def test_cpu_seconds_follow_a_busy_child_and_never_go_back():
+    """A child that spins until told to stop: its CPU seconds only grow, and reach what it reports having
+    used of its own (os.times, read at its end) within the clock tick."""
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys\nwhile sys.stdin.read(1) != 'q':\n"
+                              "    sum(range(200000))\nt = os.times()\nprint(t.user + t.system, flush=True)"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for _ in range(3):
+            child.stdin.write("x")
+            child.stdin.flush()
+            seen.append(cpu_seconds(child.pid))
+        assert seen == sorted(seen)
+        child.stdin.write("q")
+        child.stdin.flush()
+        own = float(child.stdout.readline())
+        final = cpu_seconds(child.pid)  # still alive: it has not been waited for
+        assert final >= seen[-1] and abs(final - own) <= 0.05
+    finally:
+        child.kill()
+        child.wait()
