@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from media_gate import MediaGate, png
+from worker_test_utils import TIMEOUT, in_thread, wait_until
 from sglang.srt.errors import ServerUnhealthyError
 from sglang.srt.multimodal.hashing import item_hash
 from sglang.srt.multimodal.mm_types import Modality, MultimodalDataItem
@@ -26,7 +25,6 @@ from sglang.srt.multimodal.transport.shm import SHM_DIR, ShmPointerMMData, segme
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.network import pick_unused_port
 
-TIMEOUT = 300  # spawning workers on a loaded 2-core machine takes seconds; a hang fails instead of blocking
 HASH = "xxh3_128"
 
 
@@ -59,27 +57,6 @@ def gate():
 
 def _segments(prefix: str) -> list[str]:
     return [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
-
-
-def _in_thread(fn, *args) -> tuple[threading.Thread, list]:
-    out: list = []
-
-    def run():
-        try:
-            out.append(fn(*args))
-        except BaseException as e:  # noqa: BLE001  collected for the assertions
-            out.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
-
-
-def _wait(pred, what: str):
-    deadline = time.monotonic() + TIMEOUT
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:
@@ -127,7 +104,7 @@ def test_a_bad_image_is_the_workers_value_error(pool, model_path):
 
 
 def test_concurrent_jobs_go_to_different_workers(pool, gate):
-    jobs = [_in_thread(pool.load_image, f"{gate.url}/gate/{i}") for i in range(2)]
+    jobs = [in_thread(pool.load_image, f"{gate.url}/gate/{i}") for i in range(2)]
     assert gate.wait_arrived(2), "the workers never fetched"
     assert [w["jobs_in_flight"] for w in pool.stats()["workers"]] == [1, 1]
     gate.release()
@@ -138,7 +115,7 @@ def test_concurrent_jobs_go_to_different_workers(pool, gate):
 
 
 def test_a_killed_worker_fails_only_its_job_and_is_restarted(pool, gate):
-    jobs = [_in_thread(pool.load_image, f"{gate.url}/gate/k{i}") for i in range(2)]
+    jobs = [in_thread(pool.load_image, f"{gate.url}/gate/k{i}") for i in range(2)]
     assert gate.wait_arrived(2)
     victim = next(k for k in range(2) if _worker(pool, k)["jobs_in_flight"] == 1)
     old = _worker(pool, victim)
@@ -147,7 +124,7 @@ def test_a_killed_worker_fails_only_its_job_and_is_restarted(pool, gate):
     orphan = Path(SHM_DIR, f"{slot.prefix}{job_id}_written-before-the-kill")  # what a worker leaves mid-write
     orphan.write_bytes(b"x")
     os.kill(old["pid"], signal.SIGKILL)
-    _wait(lambda: any(out for _, out in jobs), "the killed worker's job to fail")
+    wait_until(lambda: any(out for _, out in jobs), "the killed worker's job to fail")
     (t, out), (other, other_out) = sorted(jobs, key=lambda j: not j[1])
     assert not other_out  # the other worker's job is still held at the gate
     assert isinstance(out[0], MMWorkerError), out
@@ -158,7 +135,7 @@ def test_a_killed_worker_fails_only_its_job_and_is_restarted(pool, gate):
     out = other_out
     assert isinstance(out[0].pixel_values, ShmPointerMMData), out  # the other worker's job went on
     unlink_segments([out[0].pixel_values.name])
-    _wait(lambda: _worker(pool, victim)["ready"], "the worker to be restarted")
+    wait_until(lambda: _worker(pool, victim)["ready"], "the worker to be restarted")
     new = _worker(pool, victim)
     assert new["restarts"] == old["restarts"] + 1 and new["pid"] != old["pid"]
     assert Path(f"/proc/{new['pid']}/comm").read_text().strip() == f"sglang-mmproc{victim}"
@@ -184,7 +161,7 @@ def test_close_fails_jobs_in_flight_and_leaves_no_process_or_segment(model_path,
     pool.wait_ready(TIMEOUT)
     pid = _worker(pool, 0)["pid"]
     kept = pool.load_image(png(3))  # delivered: the caller owns it, close leaves it alone
-    t, out = _in_thread(pool.load_image, f"{gate.url}/gate/c")
+    t, out = in_thread(pool.load_image, f"{gate.url}/gate/c")
     assert gate.wait_arrived(1)
     slot = pool._slots[0]
     orphan = Path(SHM_DIR, f"{slot.prefix}{next(iter(slot.inflight))}_in-flight")

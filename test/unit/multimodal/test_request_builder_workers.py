@@ -9,36 +9,24 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
 import pytest
 import torch
 
 from media_gate import MediaGate, png
+from worker_test_utils import TIMEOUT, build, in_thread, make_builder, own_segments, wait_until
 from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.request_builder import RequestBuilder
 from sglang.srt.multimodal.transport.shm import SHM_DIR, ShmPointerMMData, unlink_segments
-from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.network import pick_unused_port
 
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
-TIMEOUT = 300
-
-
-def _builder(path: str, workers: int) -> RequestBuilder:
-    args = ServerArgs(model_path=path, port=pick_unused_port(), mm_processor_worker_num=workers,
-                      allow_private_media_urls=True, media_fetch_timeout=120)
-    return RequestBuilder(args, path)
-
 
 @pytest.fixture(scope="module")
 def builders(tiny_model_dir):
     path = str(tiny_model_dir("qwen3-vl-tiny"))
-    base = _builder(path, 0)
+    base = make_builder(path, 0)
     try:
-        with_workers = _builder(path, 2)
+        with_workers = make_builder(path, 2)
         try:
             yield with_workers, base
         finally:
@@ -50,36 +38,6 @@ def builders(tiny_model_dir):
 def _req(*images, text: str = "look ") -> GenerateReqInput:
     return GenerateReqInput(text=text + PLACEHOLDER * len(images), image_data=list(images),
                             sampling_params={"max_new_tokens": 1})
-
-
-def _build(builder, obj, rid: str):
-    tokenized, _ = builder.build(builder.check(obj, rid))
-    return tokenized, builder.take_unsent_shm(rid)
-
-
-def _in_thread(fn, *args) -> tuple[threading.Thread, list]:
-    out: list = []
-
-    def run():
-        try:
-            out.append(fn(*args))
-        except BaseException as e:  # noqa: BLE001  collected for the assertions
-            out.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, out
-
-
-def _wait(pred, what: str):
-    deadline = time.monotonic() + TIMEOUT
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def _own_segments(builder) -> set[str]:
-    return {n for n in os.listdir(SHM_DIR) if n.startswith(builder.shm_prefix)}
 
 
 def _jobs_done(builder) -> int:
@@ -95,8 +53,8 @@ def test_a_request_built_by_the_workers_equals_the_in_process_build(builders, mo
     monkeypatch.setattr(workers.processor, "load_and_process_image", no_pixels_here)
     obj = lambda: _req(png(1), png(2, 160, 96))  # noqa: E731
     done = _jobs_done(workers)
-    a, names = _build(workers, obj(), "w1")
-    b, base_names = _build(base, obj(), "b1")
+    a, names = build(workers, obj(), "w1")
+    b, base_names = build(base, obj(), "b1")
     try:
         assert _jobs_done(workers) == done + 2
         assert a.input_ids == b.input_ids
@@ -114,7 +72,7 @@ def test_a_request_built_by_the_workers_equals_the_in_process_build(builders, mo
 def test_one_image_twice_in_a_request_is_one_job_and_two_names(builders):
     workers, _ = builders
     done = _jobs_done(workers)
-    t, names = _build(workers, _req(png(3), png(3)), "w2")
+    t, names = build(workers, _req(png(3), png(3)), "w2")
     try:
         assert _jobs_done(workers) == done + 1
         assert len(set(names)) == 2
@@ -132,7 +90,7 @@ def test_concurrent_requests_with_the_same_image_share_one_job(builders):
     gate = MediaGate()
     try:
         url = f"{gate.url}/gate/same"
-        threads = [_in_thread(_build, workers, _req(url), f"w3-{i}") for i in range(3)]
+        threads = [in_thread(build, workers, _req(url), f"w3-{i}") for i in range(3)]
         assert flight.wait_joined(joined + 2, TIMEOUT), "the requests never met in flight"
         gate.release()
         for t, _ in threads:
@@ -156,31 +114,31 @@ def test_concurrent_requests_with_the_same_image_share_one_job(builders):
 
 def test_a_failed_request_leaves_no_segment(builders, monkeypatch):
     workers, _ = builders
-    before = _own_segments(workers)
+    before = own_segments(workers)
     with pytest.raises(GenerateError) as e:
-        _build(workers, _req(png(5), b"not an image"), "w4")
+        build(workers, _req(png(5), b"not an image"), "w4")
     assert e.value.status_code == 400 and "image 1" in e.value.message
-    assert _own_segments(workers) == before  # the good image's segment went with the request
+    assert own_segments(workers) == before  # the good image's segment went with the request
 
     def refuse(*args, **kwargs):
         raise GenerateError("refused after the images were built")
 
     monkeypatch.setattr(workers, "_grammar_start_after", refuse)
     with pytest.raises(GenerateError):
-        _build(workers, _req(png(6)), "w5")
-    assert _own_segments(workers) == before
+        build(workers, _req(png(6)), "w5")
+    assert own_segments(workers) == before
 
 
 def test_a_killed_worker_fails_its_request_with_a_500_naming_it(builders):
     workers, _ = builders
     gate = MediaGate()
     try:
-        jobs = [_in_thread(_build, workers, _req(f"{gate.url}/gate/{i}"), f"w6-{i}") for i in range(2)]
+        jobs = [in_thread(build, workers, _req(f"{gate.url}/gate/{i}"), f"w6-{i}") for i in range(2)]
         assert gate.wait_arrived(2), "the workers never fetched"
         stats = workers.mm_pool.stats()["workers"]
         assert [w["jobs_in_flight"] for w in stats] == [1, 1]
         os.kill(stats[0]["pid"], signal.SIGKILL)
-        _wait(lambda: any(out for _, out in jobs), "the killed worker's request to fail")
+        wait_until(lambda: any(out for _, out in jobs), "the killed worker's request to fail")
         (_, out), (other, other_out) = sorted(jobs, key=lambda j: not j[1])
         err = out[0]
         assert isinstance(err, GenerateError) and err.status_code == 500, out
@@ -193,7 +151,7 @@ def test_a_killed_worker_fails_its_request_with_a_500_naming_it(builders):
         unlink_segments(names)
     finally:
         gate.close()
-    _wait(lambda: workers.mm_pool.stats()["workers"][0]["ready"], "sglang-mmproc0 to be restarted")
+    wait_until(lambda: workers.mm_pool.stats()["workers"][0]["ready"], "sglang-mmproc0 to be restarted")
     assert workers.mm_pool.stats()["workers"][0]["restarts"] == 1
-    again = [_build(workers, _req(png(10 + i)), f"w7-{i}")[1] for i in range(2)]
+    again = [build(workers, _req(png(10 + i)), f"w7-{i}")[1] for i in range(2)]
     unlink_segments([n for names in again for n in names])

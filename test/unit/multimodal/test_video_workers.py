@@ -11,30 +11,19 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 import torch
 
 from media_gate import MediaGate, png
+from worker_test_utils import TIMEOUT, build, make_builder, own_segments, wait_until
 from sglang.srt.errors import GenerateError
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.request_builder import RequestBuilder
-from sglang.srt.multimodal.transport.shm import SHM_DIR, ShmPointerMMData, unlink_segments
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.multimodal.transport.shm import ShmPointerMMData, unlink_segments
 from sglang.testing.sample_video import clip_data_url, make_clip
-from sglang.srt.utils.network import pick_unused_port
 
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-TIMEOUT = 300
-
-
-def _builder(path: str, workers: int) -> RequestBuilder:
-    args = ServerArgs(model_path=path, port=pick_unused_port(), mm_processor_worker_num=workers,
-                      mm_io_worker_num=2, allow_private_media_urls=True, media_fetch_timeout=120)
-    return RequestBuilder(args, path)
-
 
 @pytest.fixture(scope="module")
 def builders(tiny_model_dir):
@@ -42,9 +31,9 @@ def builders(tiny_model_dir):
     with pytest.MonkeyPatch.context() as mp:  # video limits both sides resolve (the worker's from the spec)
         mp.setenv("SGLANG_VIDEO_MAX_SECONDS", "5")
         mp.setenv("SGLANG_VIDEO_MAX_FRAME_PIXELS", str(100 * 100))
-        base = _builder(path, 0)
+        base = make_builder(path, 0, mm_io_worker_num=2)
         try:
-            with_worker = _builder(path, 1)
+            with_worker = make_builder(path, 1, mm_io_worker_num=2)
         except BaseException:
             base.close()
             raise
@@ -66,24 +55,8 @@ def _req(videos, images=(), kwargs=None) -> GenerateReqInput:
                             sampling_params={"max_new_tokens": 1})
 
 
-def _build(builder, obj, rid: str):
-    tokenized, _ = builder.build(builder.check(obj, rid))
-    return tokenized, builder.take_unsent_shm(rid)
-
-
-def _own_segments(builder) -> set[str]:
-    return {n for n in os.listdir(SHM_DIR) if n.startswith(builder.shm_prefix)}
-
-
 def _jobs_done(builder) -> int:
     return sum(w["jobs_done"] for w in builder.mm_pool.stats()["workers"])
-
-
-def _wait(pred, what: str):
-    deadline = time.monotonic() + TIMEOUT
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _pixels(item) -> torch.Tensor:
@@ -117,10 +90,10 @@ def test_a_video_request_built_by_the_worker_equals_the_in_process_build(builder
     images = [png(7, 128, 96)] if case == "with-image" else []
     kwargs = {"fps": 4, "max_pixels": 64 * 64} if case == "request-config" else None
     fetched = clip_server.arrived.count("/clip.mp4")
-    b, base_names = _build(base, _req(videos, images, kwargs), f"vb-{case}")
+    b, base_names = build(base, _req(videos, images, kwargs), f"vb-{case}")
     _no_video_here(monkeypatch)  # from here the builder's process decodes no video
     done = _jobs_done(workers)
-    a, names = _build(workers, _req(videos, images, kwargs), f"vw-{case}")
+    a, names = build(workers, _req(videos, images, kwargs), f"vw-{case}")
     try:
         assert _jobs_done(workers) == done + 1 + len(images)
         assert clip_server.arrived.count("/clip.mp4") - fetched == (2 if case == "url" else 0)  # once each way
@@ -144,12 +117,12 @@ def test_a_video_request_built_by_the_worker_equals_the_in_process_build(builder
 
 def test_a_corrupt_video_is_the_same_400_either_way_and_leaves_no_segment(builders, clip):
     workers, base = builders
-    before = _own_segments(workers)
+    before = own_segments(workers)
     bad = b"\x00\x00\x00\x18ftypmp42" + b"\x17" * 4000
     errors, done = [], _jobs_done(workers)
     for builder, rid in ((base, "cb"), (workers, "cw")):
         with pytest.raises(GenerateError) as e:
-            _build(builder, _req([bad]), rid)
+            build(builder, _req([bad]), rid)
         errors.append(e.value)
     assert _jobs_done(workers) == done + 1  # the worker's answer, not a decode in this process
     assert [e.status_code for e in errors] == [400, 400]
@@ -157,10 +130,10 @@ def test_a_corrupt_video_is_the_same_400_either_way_and_leaves_no_segment(builde
     # a good video and a good image are built by the worker, then the bad video fails the request
     for builder, rid in ((base, "cb2"), (workers, "cw2")):
         with pytest.raises(GenerateError) as e:
-            _build(builder, _req([clip, bad], [png(8)]), rid)
+            build(builder, _req([clip, bad], [png(8)]), rid)
         errors.append(e.value)
     assert errors[2].message == errors[3].message and errors[3].message.startswith("video 1: ")
-    assert _own_segments(workers) == before
+    assert own_segments(workers) == before
 
 
 @pytest.mark.parametrize("case", ["duration", "frame-pixels"])
@@ -168,15 +141,15 @@ def test_the_video_limits_refuse_the_same_clip_with_the_same_words(builders, cas
     workers, base = builders
     clip, var = ((make_clip(64, 64, 2.0, 6.0), "SGLANG_VIDEO_MAX_SECONDS") if case == "duration"
                  else (make_clip(128, 96, 4.0, 1.0), "SGLANG_VIDEO_MAX_FRAME_PIXELS"))
-    before, errors, done = _own_segments(workers), [], _jobs_done(workers)
+    before, errors, done = own_segments(workers), [], _jobs_done(workers)
     for builder, rid in ((base, f"lb-{case}"), (workers, f"lw-{case}")):
         with pytest.raises(GenerateError) as e:
-            _build(builder, _req([clip]), rid)
+            build(builder, _req([clip]), rid)
         errors.append(e.value)
     assert _jobs_done(workers) == done + 1  # refused by the worker's own limits
     assert [e.status_code for e in errors] == [400, 400]
     assert errors[0].message == errors[1].message and var in errors[1].message
-    assert _own_segments(workers) == before
+    assert own_segments(workers) == before
 
 
 def test_a_worker_killed_mid_video_fails_that_request_with_a_500_and_is_restarted(builders, clip, monkeypatch):
@@ -184,13 +157,13 @@ def test_a_worker_killed_mid_video_fails_that_request_with_a_500_and_is_restarte
     # the worker fetches the URL itself (a video URL is the worker's job); the gate holds it mid-fetch
     monkeypatch.setattr(workers, "_fetch_video_if_url", lambda src: src)
     gate = MediaGate(body=clip)
-    before = _own_segments(workers)
+    before = own_segments(workers)
     restarts = workers.mm_pool.stats()["workers"][0]["restarts"]
     out: list = []
 
     def run():
         try:
-            out.append(_build(workers, _req([f"{gate.url}/gate/clip.mp4"]), "k1"))
+            out.append(build(workers, _req([f"{gate.url}/gate/clip.mp4"]), "k1"))
         except BaseException as e:  # noqa: BLE001  collected for the assertions
             out.append(e)
 
@@ -207,15 +180,15 @@ def test_a_worker_killed_mid_video_fails_that_request_with_a_500_and_is_restarte
     err = out[0]
     assert isinstance(err, GenerateError) and err.status_code == 500, out
     assert "sglang-mmproc0" in err.message and "died" in err.message
-    assert _own_segments(workers) == before
-    _wait(lambda: workers.mm_pool.stats()["workers"][0]["ready"], "sglang-mmproc0 to be restarted")
+    assert own_segments(workers) == before
+    wait_until(lambda: workers.mm_pool.stats()["workers"][0]["ready"], "sglang-mmproc0 to be restarted")
     assert workers.mm_pool.stats()["workers"][0]["restarts"] == restarts + 1
-    again, names = _build(workers, _req([clip]), "k2")  # served again by the new incarnation
+    again, names = build(workers, _req([clip]), "k2")  # served again by the new incarnation
     try:
         assert isinstance(again.mm_inputs.mm_items[0].feature, ShmPointerMMData)
     finally:
         unlink_segments(names)
-    assert _own_segments(workers) == before
+    assert own_segments(workers) == before
 
 
 def _pil_images():
@@ -242,7 +215,7 @@ def test_pil_images_go_to_the_worker_as_shared_rgb_and_build_the_same_request(bu
     images = _pil_images()
     obj = lambda: GenerateReqInput(text="look " + IMAGE * len(images), image_data=list(images),  # noqa: E731
                                    sampling_params={"max_new_tokens": 1})
-    b, base_names = _build(base, obj(), "pb")
+    b, base_names = build(base, obj(), "pb")
     sent = []
     real_send = workers.mm_pool._run
 
@@ -252,11 +225,11 @@ def test_pil_images_go_to_the_worker_as_shared_rgb_and_build_the_same_request(bu
 
     monkeypatch.setattr(workers.mm_pool, "_run", spy)
     monkeypatch.setattr(workers.processor, "load_and_process_image", lambda *a, **k: pytest.fail("decoded here"))
-    before, done = _own_segments(workers), _jobs_done(workers)
-    a, names = _build(workers, obj(), "pw")
+    before, done = own_segments(workers), _jobs_done(workers)
+    a, names = build(workers, obj(), "pw")
     try:
         assert sent == [("pixels", "ShmPointerMMData")] * 3 and _jobs_done(workers) == done + 3
-        assert _own_segments(workers) == before | set(names)  # only the request's own pixels remain
+        assert own_segments(workers) == before | set(names)  # only the request's own pixels remain
         assert a.input_ids == b.input_ids
         assert torch.equal(a.mm_inputs.mrope_positions, b.mm_inputs.mrope_positions)
         for x, y in zip(a.mm_inputs.mm_items, b.mm_inputs.mm_items):
@@ -274,15 +247,15 @@ def test_a_bad_pil_image_is_the_same_400_and_leaves_no_segment(builders):
     workers, base = builders
     broken = Image.new("RGB", (64, 48))
     broken.load = lambda: (_ for _ in ()).throw(OSError("truncated"))  # load() fails, as a truncated file's does
-    before, errors = _own_segments(workers), []
+    before, errors = own_segments(workers), []
     for builder, rid in ((base, "pbb"), (workers, "pbw")):
         with pytest.raises(GenerateError) as e:
-            _build(builder, GenerateReqInput(text="look " + IMAGE * 2, image_data=[_pil_images()[0], broken],
+            build(builder, GenerateReqInput(text="look " + IMAGE * 2, image_data=[_pil_images()[0], broken],
                                              sampling_params={"max_new_tokens": 1}), rid)
         errors.append(e.value)
     assert [e.status_code for e in errors] == [400, 400]
     assert errors[0].message == errors[1].message and "image 1" in errors[1].message
-    assert _own_segments(workers) == before
+    assert own_segments(workers) == before
 
 
 def test_uint8_videos_hashed_by_their_pixels_are_the_same_through_the_worker(tiny_model_dir, clip):
@@ -292,16 +265,16 @@ def test_uint8_videos_hashed_by_their_pixels_are_the_same_through_the_worker(tin
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SGLANG_MM_UINT8_PIXELS", "1")
         mp.setenv("SGLANG_MM_HASH_ALGO", "sha256")
-        base = _builder(path, 0)
+        base = make_builder(path, 0, mm_io_worker_num=2)
         try:
-            workers = _builder(path, 1)
+            workers = make_builder(path, 1, mm_io_worker_num=2)
         except BaseException:
             base.close()
             raise
         try:
-            b, base_names = _build(base, _req([clip], [png(9)]), "u8b")
+            b, base_names = build(base, _req([clip], [png(9)]), "u8b")
             mp.setattr("sglang.srt.multimodal.hashing.item_hash", lambda *a, **k: pytest.fail("hashed here"))
-            a, names = _build(workers, _req([clip], [png(9)]), "u8w")
+            a, names = build(workers, _req([clip], [png(9)]), "u8w")
             try:
                 assert _jobs_done(workers) == 2
                 assert a.input_ids == b.input_ids
