@@ -87,8 +87,9 @@ def test_vision_query_block_follows_the_longest_segment(longest, block_m, progra
     assert plan.grid == (programs, 256, 16)
 
 
-@pytest.fixture(scope="module")
-def report_rows():
+def _compiled_rows(cases_of) -> list:
+    """The report's rows on sm_90a for `cases_of(report module, torch)`; skipped where they cannot be read
+    (kernels interpreted in this process, no triton, no ptxas, or a ptxas that refuses this triton's PTX)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("this process interprets the kernels; the report needs them compiled")
     pytest.importorskip("triton", reason="the report compiles with triton")
@@ -99,13 +100,21 @@ def report_rows():
     mod = _load_report()
     import torch
 
-    cases = mod.build_cases(["extend", "decode", "varlen"], ["qwen3-vl-4b", "qwen3-vl-8b", "qwen2.5-vl-3b"], [torch.bfloat16])
-    # Qwen3.5's full-attention layers: head_dim 256, in the serving dtype and in float32 (tf32 tiles twice the bytes)
-    cases += mod.build_cases(["extend", "decode"], ["qwen3.5-4b"], [torch.bfloat16, torch.float32])
-    rows = mod.report(cases, "sm_90a", progress=False)
+    rows = mod.report(cases_of(mod, torch), "sm_90a", progress=False)
     if any(r.registers is None for r in rows):
         pytest.skip("no bundled ptxas accepts the PTX this triton emits")
     return rows
+
+
+def _attention_cases(mod, torch) -> list:
+    cases = mod.build_cases(["extend", "decode", "varlen"], ["qwen3-vl-4b", "qwen3-vl-8b", "qwen2.5-vl-3b"], [torch.bfloat16])
+    # Qwen3.5's full-attention layers: head_dim 256, in the serving dtype and in float32 (tf32 tiles twice the bytes)
+    return cases + mod.build_cases(["extend", "decode"], ["qwen3.5-4b"], [torch.bfloat16, torch.float32])
+
+
+@pytest.fixture(scope="module")
+def report_rows():
+    return _compiled_rows(_attention_cases)
 
 
 def test_report_covers_every_kernel_and_shape(report_rows):
@@ -286,20 +295,7 @@ def test_gdn_cases_follow_the_presets_heads_and_tp():
 
 @pytest.fixture(scope="module")
 def gdn_rows():
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("this process interprets the kernels; the report needs them compiled")
-    pytest.importorskip("triton", reason="the report compiles with triton")
-    from sgl_kernel.codegen_report import ptxas_candidates
-
-    if not ptxas_candidates():
-        pytest.skip("this triton wheel ships no ptxas: registers and spills cannot be read")
-    mod = _load_report()
-    import torch
-
-    rows = mod.report(mod.build_cases(GDN_KINDS, list(mod.GDN), [torch.bfloat16]), "sm_90a", progress=False)
-    if any(r.registers is None for r in rows):
-        pytest.skip("no bundled ptxas accepts the PTX this triton emits")
-    return rows
+    return _compiled_rows(lambda mod, torch: mod.build_cases(GDN_KINDS, list(mod.GDN), [torch.bfloat16]))
 
 
 def test_gdn_report_covers_every_preset_tp_and_kernel(gdn_rows):
