@@ -181,6 +181,12 @@ def req_pool_indices(reqs: list[Req]) -> list[int]:
     return list(map(_REQ_POOL_IDX, reqs))
 
 
+def all_none(values) -> bool:
+    """Whether every value is None (identity, as `is None` per item), in C: a decode step's "does any request
+    need X" scan."""
+    return all(map(is_, values, repeat(None)))
+
+
 def append_decode_slots(reqs: list[Req], slots: list[int]) -> None:
     """Request i's next KV slot is slots[i] (already queued for its request-table row)."""
     deque(map(list.append, map(_KV_SLOTS, reqs), slots), maxlen=0)
@@ -233,7 +239,7 @@ class ScheduleBatch:
             seq_lens = kv_lens(reqs)  # the new token's KV slot is already appended
             mm = list(map(_MM_INPUTS, reqs))
             # text-only batch: every delta is 0, which build_forward_batch assumes when given none
-            deltas = None if all(map(is_, mm, repeat(None))) else [mrope_delta(m) for m in mm]
+            deltas = None if all_none(mm) else [mrope_delta(m) for m in mm]
         return build_forward_batch(
             self.mode, ids, positions, req_pool_indices(self.reqs), seq_lens,
             self.out_cache_loc, device, self.extend_lens, self.prefix_lens, mrope_deltas=deltas,

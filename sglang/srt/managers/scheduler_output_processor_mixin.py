@@ -7,10 +7,10 @@ import logging
 import time
 from collections import deque
 from itertools import compress, repeat
-from operator import and_, attrgetter, ge, is_, is_not, or_, sub
+from operator import and_, attrgetter, ge, is_not, or_, sub
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut, FinishReason
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, all_none
 from sglang.srt.metrics.stage_timer import STAGES, rounded
 from sglang.srt.sampling.stop_regex import StopRegexError, search_output
 from sglang.srt.sampling.stop_strings import StopStrings
@@ -18,11 +18,6 @@ from sglang.srt.sampling.stop_strings import StopStrings
 logger = logging.getLogger(__name__)
 _OUTPUT_IDS, _SENT_LEN = attrgetter("output_ids"), attrgetter("sent_len")
 _TO_ABORT, _FINISHED_REASON = attrgetter("to_abort"), attrgetter("finished_reason")
-
-
-def _all_none(values) -> bool:
-    """Whether every value is None (identity, as `is None` per item), in C."""
-    return all(map(is_, values, repeat(None)))
 
 
 class SchedulerOutputProcessorMixin:
@@ -74,7 +69,7 @@ class SchedulerOutputProcessorMixin:
                     self.running.append(req)
         else:
             self._apply_decode_tokens(batch.reqs, next_ids, logprobs)
-            if not _all_none(map(_FINISHED_REASON, self.running)):  # a scan in C; a list only when one ended
+            if not all_none(map(_FINISHED_REASON, self.running)):  # a scan in C; a list only when one ended
                 self.running = [r for r in self.running if not r.finished()]
         if self._profiler is not None:
             self._profiler.after_forward()  # with num_steps, the last one writes the trace
@@ -96,7 +91,7 @@ class SchedulerOutputProcessorMixin:
                         map(ge, map(len, outputs), last_free_len)))
         # rarer, checked per row only when present: an abort pending, a request that ended while the step was
         # queued (overlap), a logprob to record
-        if not (_all_none(map(_TO_ABORT, reqs)) and _all_none(map(_FINISHED_REASON, reqs)) and _all_none(logprobs)):
+        if not (all_none(map(_TO_ABORT, reqs)) and all_none(map(_FINISHED_REASON, reqs)) and all_none(logprobs)):
             slow = list(map(any, zip(slow, map(is_not, map(_TO_ABORT, reqs), repeat(None)),
                                      map(is_not, map(_FINISHED_REASON, reqs), repeat(None)),
                                      map(is_not, logprobs, repeat(None)))))

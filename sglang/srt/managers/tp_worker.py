@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter, is_
+from operator import attrgetter
 
 import torch
 
@@ -25,7 +25,7 @@ from sglang.srt.layers.sampler import (
 )
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import FinishReason
-from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.schedule_batch import ScheduleBatch, all_none
 from sglang.srt.multimodal.deferred_decode import decode_failure
 from sglang.srt.multimodal.transport.cuda_ipc_budget import cuda_ipc_reserved_bytes
 from sglang.srt.model_executor.model_runner import ModelRunner, ModelRunnerConfig
@@ -37,11 +37,6 @@ from sglang.srt.server_args import ServerArgs
 _PARAMS, _OUTPUT_IDS = attrgetter("sampling_params"), attrgetter("output_ids")
 _FINISHED_REASON, _GRAMMAR = attrgetter("finished_reason"), attrgetter("grammar")
 _CUSTOM_LP = attrgetter("custom_logit_processor")
-
-
-def _all_none(values) -> bool:
-    """Whether every value is None (identity, as `is None` per item), in C."""
-    return all(map(is_, values, repeat(None)))
 
 
 class TpModelWorker:
@@ -136,9 +131,9 @@ class TpModelWorker:
         # rows whose token is dropped (a prompt chunk, a re-prefill): no grammar mask, no custom processor
         dropped = ({i for i, r in enumerate(reqs) if r.is_prefilling() or r.output_ids}
                    if batch.mode.is_extend() else set())
-        if not _all_none(map(_FINISHED_REASON, reqs)):  # overlap: ended while this step was queued
+        if not all_none(map(_FINISHED_REASON, reqs)):  # overlap: ended while this step was queued
             dropped |= {i for i, r in enumerate(reqs) if r.finished()}
-        if not _all_none(map(_GRAMMAR, reqs)):  # constrained output: disallowed tokens -inf, in place
+        if not all_none(map(_GRAMMAR, reqs)):  # constrained output: disallowed tokens -inf, in place
             grammars = [None if i in dropped else r.grammar for i, r in enumerate(reqs)]
             grammar_rows = apply_grammar_bitmask(logits, grammars, outputs, self.vocab_size)
         grammar_masked = logits
@@ -150,7 +145,7 @@ class TpModelWorker:
         logits = adjust_logits(logits, info)  # after the penalties, as the sampler's own order has it
         if grammar_rows and info.banned is not None:  # a min_new_tokens ban must not leave a row no token
             logits = revive_dead_rows(logits, grammar_masked, grammar_rows)
-        if not _all_none(map(_CUSTOM_LP, reqs)):  # last, on what would be sampled (upstream's order)
+        if not all_none(map(_CUSTOM_LP, reqs)):  # last, on what would be sampled (upstream's order)
             for row, message, status in apply_custom_logit_processors(logits, reqs, dropped, self.tp):
                 # the client's code failed or ran out of time (the ranks agreed on which rows): its request
                 # ends with no token from this row, alike on every rank; the batch goes on
