@@ -111,9 +111,11 @@ class GDNStatePool:
             self.conv[dst].copy_(self.conv[src])
             self.recurrent[dst].copy_(self.recurrent[src])
 
-    def states_for(self, rows: Sequence[int], prefix_lens: Sequence[int] | None = None) -> PoolStates:
+    def states_for(self, rows: Sequence[int], prefix_lens: Sequence[int] | None = None,
+                   views: bool = True) -> PoolStates:
         """The batch's states in batch order, after the queued copies. `prefix_lens` (EXTEND batches): a
-        request whose new tokens start at position 0 gets a zeroed state first."""
+        request whose new tokens start at position 0 gets a zeroed state first. `views` False (the kernel
+        path, which reads the pool by row): no per-request view is built, the list holds None per request."""
         self.apply_pending()
         if prefix_lens is not None:
             fresh = [r for r, p in zip(rows, prefix_lens) if p == 0]
@@ -121,7 +123,7 @@ class GDNStatePool:
                 idx = torch.tensor(fresh, dtype=torch.int64, device=self.device)
                 self.conv.index_fill_(0, idx, 0)
                 self.recurrent.index_fill_(0, idx, 0)
-        return PoolStates([self.state(r) for r in rows], self, rows)
+        return PoolStates([self.state(r) for r in rows] if views else [None] * len(rows), self, rows)
 
     def graph_states(self, slots: torch.Tensor) -> PoolStates:
         """A captured decode batch's states: `slots` (B,) is the graph runner's buffer, which holds each

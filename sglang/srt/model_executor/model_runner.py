@@ -78,10 +78,12 @@ class ModelRunner:
         # a hybrid model's linear-attention layers keep a per-request state instead of KV
         self.kv_layers = kv_layer_ids(text)
         self.state_shape = self.model.gdn_state_shape() if hasattr(self.model, "gdn_state_shape") else None
+        # the model's linear-attention layers take the Gated DeltaNet kernels here: they address states in the
+        # pool by row, so no per-request state view is built for them, and their decode can be captured
+        self.gdn_kernels = self.state_shape is not None and hybrid_graph_refusal(self.model, self.device) is None
         # decode graphs over the state pool point padding requests at one extra row (state_pool.py): reserved
         # whenever they are asked for and the model's GDN path can be captured (CPU tests run it uncaptured)
-        self.state_padding_row = (self.state_shape is not None and cfg.cuda_graph
-                                  and hybrid_graph_refusal(self.model, self.device) is None)
+        self.state_padding_row = self.gdn_kernels and cfg.cuda_graph
         bytes_per_token = 2 * len(self.kv_layers) * num_kv_heads * text.head_dim * self.kv_dtype.itemsize
         self.max_total_num_tokens = self._kv_budget(bytes_per_token)
         kv_scales = self._kv_scales(tp, text.num_hidden_layers) if self.kv_dtype != self.dtype else None
@@ -237,8 +239,9 @@ class ModelRunner:
             pool.apply_pending()
             return
         forward_batch.gdn_states = pool.states_for(forward_batch.req_pool_indices_cpu,
-                                                   forward_batch.extend_prefix_lens_cpu if extend else None)
-        if forward_batch.gdn_captures:
+                                                   forward_batch.extend_prefix_lens_cpu if extend else None,
+                                                   views=not self.gdn_kernels)
+        if forward_batch.gdn_captures and not self.gdn_kernels:  # the kernels copy captures by slot
             forward_batch.gdn_capture_states = [[(at, pool.state(slot)) for at, slot in caps]
                                                 for caps in forward_batch.gdn_captures]
 

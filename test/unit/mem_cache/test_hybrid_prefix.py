@@ -107,3 +107,15 @@ def test_queued_copies_apply_in_order_before_the_forward_reads():
     pool.free_snapshot(snap)
     with pytest.raises(RuntimeError, match="freed twice"):
         pool.free_snapshot(snap)
+
+
+def test_the_kernel_path_gets_the_pool_and_rows_without_per_request_views():
+    shape = GDNStateShape(num_layers=1, conv_dim=2, conv_kernel=3, num_value_heads=1, key_head_dim=2,
+                          value_head_dim=2)
+    pool = GDNStatePool(shape, rows=3)
+    pool.recurrent.fill_(2.0)
+    states = pool.states_for([2, 0], prefix_lens=[4, 0], views=False)
+    assert list(states) == [None, None] and states.pool is pool and states.rows == [2, 0]
+    assert torch.all(pool.recurrent[0] == 0.0) and torch.all(pool.recurrent[2] == 2.0)  # fresh rows still zeroed
+    viewed = pool.states_for([2, 0])
+    assert viewed.rows == [2, 0] and torch.all(viewed[0].recurrent == 2.0)

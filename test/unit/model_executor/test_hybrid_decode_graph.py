@@ -53,6 +53,7 @@ def test_the_runner_logs_the_refusal_only_for_the_torch_path(path, monkeypatch, 
     runner = ModelRunner(ModelRunnerConfig(model_path=path, dtype="float32", max_total_tokens=256,
                                            max_running_requests=2, context_length=256, cuda_graph=True))
     pool = runner.state_pool
+    assert runner.gdn_kernels is (backend == "triton")  # the kernel path gets no per-request state views
     # the padding row is reserved only where graphs can cover the pool
     assert (pool.padding_row is not None) is (backend == "triton")
     assert pool.conv.shape[0] == 2 + 2 + (backend == "triton")
